@@ -1,0 +1,274 @@
+"""Horovod's ``DistributedOptimizer`` for PyTorch, with a grace pipeline in place of allreduce.
+
+Everything a Horovod user relies on behaves as in ``horovod.torch``: communication starts from each
+parameter's gradient hook while the backward pass goes on, ``step()`` waits for it, ``op`` is
+``hvd.Average`` or ``hvd.Sum``, ``backward_passes_per_step`` accumulates locally, ``synchronize()`` with
+``skip_synchronize()`` allows gradient clipping, ``groups`` starts a group's tensors together, and
+``hvd.broadcast_parameters`` / ``hvd.broadcast_optimizer_state`` work on the returned optimizer.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import contextmanager
+from typing import Iterable
+
+import horovod.torch as hvd
+import horovod.torch.optimizer as horovod_optimizer
+import torch
+
+from frameworks.torch.collectives import HorovodCollectives
+from frameworks.torch.ops import TorchOps
+from grace.pipeline import Pipeline
+
+_OPS = TorchOps()
+
+
+class _GraceDistributedOptimizer(torch.optim.Optimizer):
+    # Methods are copied into a class derived from the user's optimizer class (as Horovod does), so
+    # they call the wrapped optimizer through ``super(self.__class__, self)``.
+
+    def __init__(self, params, named_parameters, compression: Pipeline, backward_passes_per_step=1,
+                 op=hvd.Average, gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
+                 process_set=hvd.global_process_set):
+        super(self.__class__, self).__init__(params)
+        self._pipeline = compression
+        self._collectives = HorovodCollectives(process_set)
+        self._parameter_names = _parameter_names(self.param_groups, named_parameters)
+        self.backward_passes_per_step = backward_passes_per_step
+        self._allreduce_delay = {p: backward_passes_per_step for p in self._parameter_names}
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        self._handles: dict = {}
+        self._requires_update: list = []
+        self._synchronized = False
+        self._should_synchronize = True
+        self._groups = groups
+        self._p_to_group: dict = {}
+        self._group_ready: dict = {}
+        if self.process_set.included():
+            self._register_hooks()
+
+    # --- set-up --------------------------------------------------------------------------------
+    def _register_hooks(self):
+        params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
+        # Sorted by name so that every worker forms the same groups and issues missing tensors in
+        # the same order.
+        self._requires_update = sorted(params, key=self._parameter_names.__getitem__)
+        if self._groups is not None:
+            for group in _form_groups(self._requires_update, self._groups):
+                for p in group:
+                    self._p_to_group[p] = group
+                self._group_ready[group] = 0
+        for p in self._requires_update:
+            p.register_post_accumulate_grad_hook(self._make_hook(p))
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
+    def load_state_dict(self, *args, **kwargs):
+        self._handles = {}
+        self._synchronized = False
+        self._should_synchronize = True
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        super(self.__class__, self).load_state_dict(*args, **kwargs)
+
+    # --- communication -------------------------------------------------------------------------
+    def _start(self, p):
+        if p.grad is None:
+            # Another worker may have a gradient for p in this step: every worker must take part.
+            p.grad = torch.zeros_like(p)
+        grad = p.grad
+        if grad.is_sparse:
+            if not self.sparse_as_dense:
+                raise ValueError(
+                    f"the gradient of {self._parameter_names[p]!r} is sparse; grace compresses dense "
+                    f"tensors: pass sparse_as_dense=True to DistributedOptimizer")
+            grad = grad.to_dense()
+        if self.op == hvd.Average and self.gradient_predivide_factor != 1.0:
+            grad = grad / self.gradient_predivide_factor
+        return self._pipeline.start(grad, self._parameter_names[p], self._collectives, _OPS)
+
+    def _make_hook(self, p):
+        def hook(*_):
+            if self._handles.get(p) is not None and self._allreduce_delay[p] <= 0:
+                raise AssertionError(
+                    "Gradients were computed more than backward_passes_per_step times before call "
+                    "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
+            self._allreduce_delay[p] -= 1
+            if self._allreduce_delay[p] > 0:
+                self._handles[p] = None
+            elif self._groups is None:
+                self._handles[p] = self._start(p)
+            else:
+                self._handles.setdefault(p, None)
+                group = self._p_to_group[p]
+                self._group_ready[group] += 1
+                if self._group_ready[group] == len(group):
+                    self._group_ready[group] = 0
+                    for member in group:
+                        self._handles[member] = self._start(member)
+        return hook
+
+    def _scale(self) -> float:
+        if self.op == hvd.Average:
+            return self.gradient_predivide_factor / self._collectives.size
+        return 1.0
+
+    def synchronize(self):
+        if not self.process_set.included():
+            self._synchronized = True
+            return
+        for p in self._requires_update:
+            if self._handles.get(p) is None:
+                self._handles[p] = self._start(p)
+        scale = self._scale()
+        for p in self._requires_update:
+            pending = self._handles[p]
+            result = self._pipeline.finish(pending, self._collectives, scale)
+            self._allreduce_delay[p] = self.backward_passes_per_step
+            if p.grad.is_sparse:
+                p.grad.zero_().add_(result.to_sparse())
+            else:
+                p.grad.set_(result.to(p.grad.dtype))
+        for group in self._group_ready:
+            self._group_ready[group] = 0
+        self._handles.clear()
+        self._synchronized = True
+
+    @contextmanager
+    def skip_synchronize(self):
+        """Let ``step()`` skip synchronization, after an explicit ``synchronize()``."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() called without optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). This can cause training slowdown. You may want to "
+                    "consider using optimizer.skip_synchronize() context if you use "
+                    "optimizer.synchronize() in your code.")
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._handles:
+            raise AssertionError(
+                "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
+                "or optimizer.synchronize(). This is prohibited as it can cause a race condition.")
+        return super(self.__class__, self).zero_grad(*args, **kwargs)
+
+    def compression_stats(self) -> dict:
+        """This worker's ``stats()`` of the pipeline: bytes sent against dense bytes."""
+        return self._pipeline.stats()
+
+
+def _parameter_names(param_groups, named_parameters) -> dict:
+    if named_parameters is not None:
+        named_parameters = list(named_parameters)
+    else:
+        named_parameters = [(f"allreduce.noname.{i}.{j}", v)
+                            for i, group in enumerate(param_groups)
+                            for j, v in enumerate(group["params"])]
+    if any(not isinstance(p, tuple) for p in named_parameters):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    names = [k for k, _ in named_parameters]
+    dups = sorted({k for k in names if names.count(k) > 1})
+    if dups:
+        raise ValueError(f"Parameter names in named_parameters must be unique. "
+                         f"Found duplicates: {', '.join(dups)}")
+    all_ids = {id(v) for group in param_groups for v in group["params"]}
+    unnamed = all_ids - {id(v) for _, v in named_parameters}
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model parameters were "
+                         f"not named. Python object ids: {', '.join(str(i) for i in unnamed)}")
+    return {v: k for k, v in named_parameters if id(v) in all_ids}
+
+
+def _form_groups(params: list, groups) -> list[tuple]:
+    if isinstance(groups, list):
+        formed, seen = [], set()
+        for group in groups:
+            members = tuple(p for p in group if any(p is q for q in params))
+            if members:
+                formed.append(members)
+                seen.update(id(p) for p in members)
+        return formed + [(p,) for p in params if id(p) not in seen]
+    count = min(groups, len(params))
+    return [tuple(params[i::count]) for i in range(count)] if count else []
+
+
+def _check_groups(groups) -> None:
+    if groups is None:
+        return
+    if isinstance(groups, list):
+        seen = set()
+        for group in groups:
+            for p in group:
+                if not isinstance(p, torch.Tensor):
+                    raise ValueError("groups must consist of torch.Tensor.")
+                if id(p) in seen:
+                    raise ValueError("A parameter can only appear once in groups.")
+                seen.add(id(p))
+    elif isinstance(groups, bool) or not isinstance(groups, int) or groups <= 0:
+        raise ValueError("groups should be a non-negative integer or a list of list of torch.Tensor.")
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
+                         compression: Pipeline | None = None,
+                         backward_passes_per_step: int = 1,
+                         op=hvd.Average,
+                         gradient_predivide_factor: float = 1.0,
+                         num_groups: int = 0,
+                         groups=None,
+                         sparse_as_dense: bool = False,
+                         process_set=hvd.global_process_set) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that gradients are compressed by the grace pipeline ``compression``
+    (``grace.topk(0.01)``, ...) and combined over the workers before each step.
+
+    Same signature and behaviour as ``horovod.torch.DistributedOptimizer``; ``compression`` defaults
+    to ``grace.none()``. A Horovod compressor (``hvd.Compression.fp16``) is handed to Horovod's own
+    optimizer unchanged. The returned object is an instance of a subclass of ``optimizer``'s class.
+    """
+    if compression is None:
+        import grace
+
+        compression = grace.none()
+    if not isinstance(compression, Pipeline):
+        return horovod_optimizer.DistributedOptimizer(
+            optimizer, named_parameters, compression, backward_passes_per_step, op,
+            gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set)
+    if op not in (hvd.Average, hvd.Sum):
+        raise ValueError("op must be hvd.Average or hvd.Sum with grace compression "
+                         "(Adasum combines uncompressed model deltas)")
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
+            or backward_passes_per_step <= 0:
+        raise ValueError(f"backward_passes_per_step must be an int > 0, got {backward_passes_per_step!r}")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed.",
+                      DeprecationWarning)
+        if groups is None:
+            groups = num_groups
+    _check_groups(groups)
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_GraceDistributedOptimizer.__dict__))
+    # hvd.broadcast_optimizer_state recognises Horovod's wrappers by their module and then steps
+    # the wrapped optimizer without communicating; this wrapper must be recognised the same way.
+    cls.__module__ = horovod_optimizer.DistributedOptimizer.__module__
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+               gradient_predivide_factor, groups, sparse_as_dense, process_set)

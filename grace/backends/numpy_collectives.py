@@ -1,0 +1,108 @@
+"""Collectives over numpy arrays: in one process (workers simulated), or across processes with mpi4py.
+
+``InProcessGroup`` lets a test or a study run N workers' pipelines in a single process: every worker
+starts its operations, then every worker synchronizes, exactly as real workers would, and the results
+are what Horovod would return.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+
+class InProcessGroup:
+    """N simulated workers in one process. ``group.worker(r)`` is worker ``r``'s ``Collectives``."""
+
+    def __init__(self, size: int):
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"size must be a positive int, got {size!r}")
+        self.size = size
+        self._ops: dict[tuple[str, str], dict[int, Any]] = {}
+        self._done: dict[tuple[str, str], int] = {}
+
+    def worker(self, rank: int) -> "_InProcessWorker":
+        if not 0 <= rank < self.size:
+            raise ValueError(f"rank must be in [0, {self.size}), got {rank}")
+        return _InProcessWorker(self, rank)
+
+    def _contribute(self, key, rank, value):
+        contributions = self._ops.setdefault(key, {})
+        if rank in contributions:
+            raise RuntimeError(f"worker {rank} started {key[0]} {key[1]!r} twice")
+        contributions[rank] = value
+        return key
+
+    def _result(self, key, rank):
+        contributions = self._ops.get(key, {})
+        if len(contributions) != self.size:
+            missing = sorted(set(range(self.size)) - set(contributions))
+            raise RuntimeError(f"{key[0]} {key[1]!r}: workers {missing} have not started it")
+        kind = key[0]
+        if kind == "allreduce":
+            result = np.sum(np.stack([contributions[r] for r in range(self.size)]), axis=0)
+            result = result.astype(contributions[0].dtype)
+        elif kind == "allgather":
+            result = np.concatenate([np.reshape(contributions[r], -1) for r in range(self.size)])
+        else:
+            root = contributions[0][0]
+            result = np.array(contributions[root][1], copy=True)
+        self._done[key] = self._done.get(key, 0) + 1
+        if self._done[key] == self.size:
+            del self._ops[key], self._done[key]
+        return result
+
+
+class _InProcessWorker:
+    def __init__(self, group: InProcessGroup, rank: int):
+        self._group, self.rank, self.size = group, rank, group.size
+
+    def allreduce_async(self, tensor, name):
+        return self._group._contribute(("allreduce", name), self.rank, np.array(tensor, copy=True))
+
+    def allgather_async(self, tensor, name):
+        return self._group._contribute(("allgather", name), self.rank, np.array(tensor, copy=True))
+
+    def broadcast_async(self, tensor, root, name):
+        return self._group._contribute(("broadcast", name), self.rank, (root, np.array(tensor, copy=True)))
+
+    def synchronize(self, handle):
+        return self._group._result(handle, self.rank)
+
+
+class MPICollectives:
+    """``Collectives`` over mpi4py for numpy arrays (launched with ``mpirun``).
+
+    Operations run when synchronized, so every worker must synchronize in the same order, which the
+    ``grace`` pipeline does.
+    """
+
+    def __init__(self, comm: Any = None):
+        if comm is None:
+            from mpi4py import MPI
+
+            comm = MPI.COMM_WORLD
+        self._comm = comm
+        self.size, self.rank = comm.Get_size(), comm.Get_rank()
+
+    def allreduce_async(self, tensor, name):
+        return ("allreduce", np.ascontiguousarray(tensor), None)
+
+    def allgather_async(self, tensor, name):
+        return ("allgather", np.ascontiguousarray(tensor).reshape(-1), None)
+
+    def broadcast_async(self, tensor, root, name):
+        return ("broadcast", np.ascontiguousarray(tensor), root)
+
+    def synchronize(self, handle):
+        kind, tensor, root = handle
+        if kind == "allreduce":
+            from mpi4py import MPI
+
+            out = np.empty_like(tensor)
+            self._comm.Allreduce(tensor, out, op=MPI.SUM)
+            return out
+        if kind == "allgather":
+            return np.concatenate(self._comm.allgather(tensor))
+        return self._comm.bcast(tensor if self.rank == root else None, root=root)

@@ -1,0 +1,44 @@
+"""What a framework adapter provides for moving tensors between workers.
+
+The communicators of ``grace.communicators`` are written against this protocol; Horovod's async ops sit
+behind it in ``frameworks/<fw>/collectives.py``, and ``grace.backends`` offers an in-process and an
+mpi4py implementation over numpy arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from grace.ops import Tensor
+
+Handle = Any
+
+
+@runtime_checkable
+class Collectives(Protocol):
+    """Asynchronous collectives among the workers of one group (a Horovod process set).
+
+    ``*_async`` start an operation and return at once; ``synchronize`` waits for it and returns its
+    result. Names identify an operation across workers, as in Horovod: every worker starts the same
+    names, in any order.
+    """
+
+    @property
+    def size(self) -> int:
+        """How many workers take part."""
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank within the group."""
+
+    def allreduce_async(self, tensor: Tensor, name: str) -> Handle:
+        """Start the element-wise sum of ``tensor`` over all workers."""
+
+    def allgather_async(self, tensor: Tensor, name: str) -> Handle:
+        """Start concatenating every worker's 1-d ``tensor``, in rank order (lengths may differ)."""
+
+    def broadcast_async(self, tensor: Tensor, root: int, name: str) -> Handle:
+        """Start sending ``root``'s ``tensor`` to every worker (the others pass a same-shaped one)."""
+
+    def synchronize(self, handle: Handle) -> Tensor:
+        """Wait for an operation and return its result."""

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from grace.communicator import Communicator
+
+
+class Allgather(Communicator):
+    """Gathers every worker's payload on every worker (Horovod allgather); each receiver decompresses
+    the payloads one by one and aggregates them. Valid for any compressor; the bytes each worker
+    receives grow with the number of workers. When a compressor's payload size varies (e.g. a
+    threshold), the lengths travel too, as one small int32 tensor."""
+
+    name = "allgather"
+
+    def bind(self, compressor):
+        self._fixed_size = compressor.fixed_size
+
+    def start(self, payload, name, group, ops):
+        handles = [group.allgather_async(t, f"{name}.{i}") for i, t in enumerate(payload)]
+        lengths = None
+        if not self._fixed_size:
+            import numpy as np
+
+            counts = np.array([ops.numel(t) for t in payload], dtype=np.int32)
+            lengths = group.allgather_async(ops.from_numpy(counts, payload[0]), f"{name}.lengths")
+        return handles, lengths, len(payload)
+
+    def finish(self, handle, group, ops):
+        handles, lengths, parts = handle
+        gathered = [group.synchronize(h) for h in handles]
+        if lengths is None:
+            per_worker = [
+                [ops.numel(g) // group.size] * group.size for g in gathered
+            ]
+        else:
+            table = ops.to_numpy(group.synchronize(lengths)).reshape(group.size, parts)
+            per_worker = [[int(n) for n in table[:, i]] for i in range(parts)]
+        pieces = [ops.split(g, sizes) for g, sizes in zip(gathered, per_worker)]
+        return [[pieces[i][r] for i in range(parts)] for r in range(group.size)]
+
+    def bytes_sent(self, payload, group, ops):
+        header = 0 if self._fixed_size else 4 * len(payload)
+        return sum(ops.nbytes(t) for t in payload) + header

@@ -1,0 +1,88 @@
+"""The ``Compressor`` interface: what every algorithm of the catalogue implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+from grace.ops import Ops, Tensor, ops_for
+
+Payload = list  # list[Tensor]: what goes into the collectives, in a fixed order
+
+
+@dataclass
+class Context:
+    """What stays on the worker between compress and decompress: the tensor's shape and dtype, and
+    whatever the algorithm needs to rebuild it (e.g. random-k's indices, which are never sent)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    numel: int
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class Compressor(ABC):
+    """Turns a gradient into a payload of (few) tensors and back.
+
+    ``compress(tensor, name)`` returns ``(payload, ctx)``; ``decompress(payload, ctx)`` rebuilds a tensor
+    of the original shape and dtype. ``aggregate`` combines the decompressed tensors of all workers
+    (a sum, unless the algorithm says otherwise). Both work on any tensor type ``ops_for`` knows, so a
+    user can study a compressor on a numpy array or a torch tensor outside of training.
+
+    Class attributes state how payloads may travel:
+
+    - ``summable``: the payloads of different workers can be added element-wise and decompressed once
+      (their layouts agree), which makes ``allreduce`` a valid communicator.
+    - ``fixed_size``: the payload's sizes depend only on the tensor's size, so receivers can split a
+      gathered payload without being told the lengths.
+    - ``default_memory`` / ``default_communicator``: what the paper uses, by registry name.
+    """
+
+    name: ClassVar[str] = "abstract"
+    summable: ClassVar[bool] = False
+    fixed_size: ClassVar[bool] = True
+    default_memory: ClassVar[str] = "none"
+    default_communicator: ClassVar[str] = "allreduce"
+
+    def compress(self, tensor: Tensor, name: str, ops: Ops | None = None) -> tuple[Payload, Context]:
+        ops = ops or ops_for(tensor)
+        ctx = Context(ops.shape(tensor), ops.dtype(tensor), ops.numel(tensor))
+        return self.encode(ops.flatten(tensor), name, ctx, ops), ctx
+
+    def decompress(self, payload: Sequence[Tensor], ctx: Context, ops: Ops | None = None) -> Tensor:
+        ops = ops or ops_for(payload[0])
+        return ops.reshape(self.decode(list(payload), ctx, ops), ctx.shape)
+
+    @abstractmethod
+    def encode(self, flat: Tensor, name: str, ctx: Context, ops: Ops) -> Payload:
+        """Compress the 1-d ``flat`` (``ctx`` describes the original); may store what decode needs in
+        ``ctx.data``."""
+
+    @abstractmethod
+    def decode(self, payload: Payload, ctx: Context, ops: Ops) -> Tensor:
+        """Rebuild the 1-d tensor of ``ctx.numel`` elements of ``ctx.dtype``."""
+
+    def aggregate(self, tensors: Sequence[Tensor], ops: Ops) -> Tensor:
+        """Combine the decompressed tensors of all workers into their sum."""
+        total = tensors[0]
+        for t in tensors[1:]:
+            total = ops.add(total, t)
+        return total
+
+    def payload_nbytes(self, numel: int, itemsize: int) -> int | None:
+        """The payload's size in bytes for a tensor of ``numel`` elements, when known in advance
+        (used to leave a tensor dense where compression would not shrink it); ``None`` if unknown."""
+        return None
+
+    def state(self) -> dict[str, Any]:
+        """Per-tensor state this compressor keeps between steps (e.g. seeds' step counters)."""
+        return {}
+
+    def __repr__(self) -> str:
+        params = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{type(self).__name__}({params})"
+
+    def params(self) -> dict[str, Any]:
+        """The constructor's parameters, as given."""
+        return {}

@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+from grace.compressor import Compressor
+
+
+class NoneCompressor(Compressor):
+    """No compression: the gradient travels as it is. The baseline every compressor is measured
+    against, and what tensors too small to compress fall back to."""
+
+    name = "none"
+    summable = True
+
+    def encode(self, flat, name, ctx, ops):
+        return [flat]
+
+    def decode(self, payload, ctx, ops):
+        return payload[0]
+
+    def payload_nbytes(self, numel, itemsize):
+        return numel * itemsize

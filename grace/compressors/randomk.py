@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import hashlib
+
+from grace.compressor import Compressor
+from grace.validation import check_bool, check_int, check_ratio
+
+
+class RandomK(Compressor):
+    """Random-k sparsification: each step keeps ``k = max(1, int(ratio * numel))`` entries chosen
+    uniformly at random and sends only their values. The indices are never sent: every worker draws
+    the same ones from a private generator seeded by (``seed``, tensor name, step), so payloads share
+    one layout and allreduce can sum them. With ``scale=True`` the values are multiplied by
+    ``numel / k``, which makes the estimate unbiased; by default the dropped part is kept by error
+    feedback instead. Stich et al., "Sparsified SGD with Memory", NeurIPS 2018."""
+
+    name = "randomk"
+    summable = True
+    default_memory = "residual"
+    default_communicator = "allreduce"
+
+    def __init__(self, ratio: float = 0.01, seed: int = 0, scale: bool = False):
+        self.ratio = check_ratio("ratio", ratio)
+        self.seed = check_int("seed", seed, minimum=0)
+        self.scale = check_bool("scale", scale)
+        self._steps: dict[str, int] = {}
+
+    def params(self):
+        return {"ratio": self.ratio, "seed": self.seed, "scale": self.scale}
+
+    def k(self, numel: int) -> int:
+        return max(1, int(self.ratio * numel))
+
+    def step_seed(self, name: str, step: int) -> int:
+        """The generator's seed for ``name`` at ``step``: a stable hash (Python's ``hash`` differs
+        between processes)."""
+        digest = hashlib.blake2b(f"{self.seed}/{name}/{step}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little")
+
+    def encode(self, flat, name, ctx, ops):
+        step = self._steps.get(name, 0)
+        self._steps[name] = step + 1
+        k = self.k(ctx.numel)
+        indices = ops.random_indices(ctx.numel, k, self.step_seed(name, step), like=flat)
+        ctx.data["indices"] = indices
+        values = ops.gather(flat, indices)
+        if self.scale:
+            values = ops.scale(values, ctx.numel / k)
+        return [values]
+
+    def decode(self, payload, ctx, ops):
+        return ops.scatter_add(ctx.numel, ctx.data["indices"], payload[0])
+
+    def payload_nbytes(self, numel, itemsize):
+        return self.k(numel) * itemsize
+
+    def state(self):
+        return {"steps": dict(self._steps)}

@@ -1,0 +1,62 @@
+"""Routes ``hvd.DistributedOptimizer(..., compression=grace.topk(...))`` to grace's wrappers.
+
+Horovod's own wrappers can only allreduce a compressed tensor. When a grace ``Pipeline`` is passed as
+``compression``, the wrapper functions of ``horovod.torch`` (and ``horovod.tensorflow``,
+``horovod.tensorflow.keras``) hand over to ``frameworks.<fw>``; with anything else (``hvd.Compression.fp16``,
+``.none``) they are Horovod's own, untouched. Nothing is copied into Horovod's installation: the
+module attributes are wrapped when the module is imported, whether that happens before or after
+``import grace``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import sys
+
+# Horovod module -> the grace module whose ``patch_horovod(module)`` wraps it.
+PATCHERS = {
+    "horovod.torch": "frameworks.torch.horovod_patch",
+    "horovod.tensorflow": "frameworks.tensorflow.horovod_patch",
+    "horovod.tensorflow.keras": "frameworks.tensorflow.horovod_patch",
+}
+
+
+def _patch(module) -> None:
+    if getattr(module, "_grace_patched", False):
+        return
+    patcher = importlib.import_module(PATCHERS[module.__name__])
+    patcher.patch_horovod(module)
+    module._grace_patched = True
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: lets the other finders find a Horovod module and wraps its loader so that
+    the module is patched right after it executes."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in PATCHERS:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                exec_module = spec.loader.exec_module
+
+                def exec_and_patch(module, _exec=exec_module):
+                    _exec(module)
+                    _patch(module)
+
+                spec.loader.exec_module = exec_and_patch
+                return spec
+        return None
+
+
+def install() -> None:
+    """Patch the Horovod modules already imported and those imported later. Idempotent."""
+    if not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
+    for name in PATCHERS:
+        if name in sys.modules:
+            _patch(sys.modules[name])

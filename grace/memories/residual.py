@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from grace.memory import Memory
+
+
+class ResidualMemory(Memory):
+    """Error feedback: before compressing, add to the gradient the residual that earlier steps did not
+    send; after compressing, keep as the new residual what this payload leaves out,
+    ``residual = (gradient + residual) - decompress(compress(gradient + residual))``. Nothing is lost,
+    only delayed. Seide et al., "1-Bit Stochastic Gradient Descent", Interspeech 2014; Karimireddy et
+    al., "Error Feedback Fixes SignSGD", ICML 2019."""
+
+    name = "residual"
+
+    def __init__(self):
+        self.residuals: dict = {}
+
+    def compensate(self, tensor, name, ops):
+        residual = self.residuals.get(name)
+        return tensor if residual is None else ops.add(tensor, residual)
+
+    def update(self, compensated, name, compressor, payload, ctx, ops):
+        self.residuals[name] = ops.sub(compensated, compressor.decompress(payload, ctx, ops))
+
+    def state(self):
+        return {"residuals": dict(self.residuals)}

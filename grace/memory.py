@@ -1,0 +1,33 @@
+"""The ``Memory`` interface: what a compressor's error feedback keeps between steps."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+from grace.compressor import Compressor, Context, Payload
+from grace.ops import Ops, Tensor
+
+
+class Memory(ABC):
+    """Per-tensor state kept by a worker across steps, keyed by the tensor's name.
+
+    ``compensate`` runs before compression and may add to the gradient what earlier steps left out;
+    ``update`` runs after it and records what this step's payload leaves out.
+    """
+
+    name: ClassVar[str] = "abstract"
+
+    @abstractmethod
+    def compensate(self, tensor: Tensor, name: str, ops: Ops) -> Tensor: ...
+
+    @abstractmethod
+    def update(self, compensated: Tensor, name: str, compressor: Compressor, payload: Payload,
+               ctx: Context, ops: Ops) -> None: ...
+
+    def state(self) -> dict[str, Any]:
+        """The per-tensor state, keyed by tensor name."""
+        return {}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

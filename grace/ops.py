@@ -1,0 +1,161 @@
+"""The tensor-operations protocol every algorithm in ``grace`` is written against.
+
+An algorithm never touches torch, TensorFlow or numpy directly: it calls the few primitives below, and
+each framework adapter (``frameworks/<fw>/ops.py``) provides them over its own tensors, on the tensor's
+own device. ``ops_for(tensor)`` picks the adapter from the tensor's type, so ``compressor.compress(x,
+name)`` works on a numpy array, a torch tensor or a TensorFlow tensor alike.
+
+Dtypes are named by strings (``"float32"``, ``"float16"``, ``"bfloat16"``, ``"float64"``, ``"int32"``,
+``"int64"``, ``"uint8"``, ``"bool"``) so that algorithm code does not depend on any framework's dtype
+objects.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+Tensor = Any
+"""A framework tensor (numpy array, torch.Tensor, tf.Tensor): opaque to algorithm code."""
+
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+INT32_MAX = 2**31 - 1
+
+
+def index_dtype(numel: int) -> str:
+    """The narrowest index dtype that addresses ``numel`` elements: int32, int64 past 2**31."""
+    return "int32" if numel <= INT32_MAX else "int64"
+
+
+class Ops(ABC):
+    """Tensor primitives over one framework. Every method takes and returns that framework's tensors.
+
+    The set is deliberately small: what the algorithms of the catalogue need and nothing more, so that
+    a new framework adapter is a page of code.
+    """
+
+    name: str = "abstract"
+
+    # --- introspection -------------------------------------------------------------------------
+    @abstractmethod
+    def shape(self, x: Tensor) -> tuple[int, ...]:
+        """The static shape as a tuple of ints."""
+
+    @abstractmethod
+    def dtype(self, x: Tensor) -> str:
+        """The dtype's canonical name (see the module docstring)."""
+
+    def numel(self, x: Tensor) -> int:
+        n = 1
+        for d in self.shape(x):
+            n *= int(d)
+        return n
+
+    @abstractmethod
+    def itemsize(self, dtype: str) -> int:
+        """Bytes per element of ``dtype``."""
+
+    def nbytes(self, x: Tensor) -> int:
+        return self.numel(x) * self.itemsize(self.dtype(x))
+
+    # --- construction and layout ---------------------------------------------------------------
+    @abstractmethod
+    def zeros(self, n: int, dtype: str, like: Tensor) -> Tensor:
+        """A 1-d tensor of ``n`` zeros of ``dtype`` on ``like``'s device."""
+
+    @abstractmethod
+    def flatten(self, x: Tensor) -> Tensor:
+        """A 1-d view (or contiguous copy) of ``x``."""
+
+    @abstractmethod
+    def reshape(self, x: Tensor, shape: Sequence[int]) -> Tensor: ...
+
+    @abstractmethod
+    def cast(self, x: Tensor, dtype: str) -> Tensor:
+        """``x`` as ``dtype``; returns ``x`` itself when it already has that dtype."""
+
+    @abstractmethod
+    def copy(self, x: Tensor) -> Tensor:
+        """A copy that does not alias ``x``."""
+
+    @abstractmethod
+    def concat(self, xs: Sequence[Tensor]) -> Tensor:
+        """1-d tensors joined end to end."""
+
+    @abstractmethod
+    def split(self, x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
+        """A 1-d tensor cut into consecutive pieces of the given sizes."""
+
+    # --- arithmetic ----------------------------------------------------------------------------
+    @abstractmethod
+    def add(self, a: Tensor, b: Tensor) -> Tensor: ...
+
+    @abstractmethod
+    def sub(self, a: Tensor, b: Tensor) -> Tensor: ...
+
+    @abstractmethod
+    def scale(self, x: Tensor, factor: float) -> Tensor:
+        """``x * factor`` in ``x``'s dtype."""
+
+    @abstractmethod
+    def abs(self, x: Tensor) -> Tensor: ...
+
+    # --- selection -----------------------------------------------------------------------------
+    @abstractmethod
+    def topk_indices(self, x: Tensor, k: int) -> Tensor:
+        """Indices (of ``index_dtype(numel)``, any order) of the ``k`` entries of 1-d ``x`` with the
+        largest magnitude."""
+
+    @abstractmethod
+    def gather(self, x: Tensor, indices: Tensor) -> Tensor:
+        """``x[indices]`` for 1-d ``x``."""
+
+    @abstractmethod
+    def scatter_add(self, n: int, indices: Tensor, values: Tensor) -> Tensor:
+        """A 1-d tensor of ``n`` zeros (``values``' dtype and device) with ``values`` added at
+        ``indices``; repeated indices add up."""
+
+    @abstractmethod
+    def from_numpy(self, array: Any, like: Tensor) -> Tensor:
+        """A numpy array as a tensor on ``like``'s device."""
+
+    @abstractmethod
+    def to_numpy(self, x: Tensor) -> Any:
+        """A host copy of ``x`` as a numpy array (bfloat16 comes back as float32)."""
+
+    # --- randomness ----------------------------------------------------------------------------
+    def random_indices(self, n: int, k: int, seed: int, like: Tensor) -> Tensor:
+        """``k`` distinct indices in ``[0, n)``, uniform, from a private generator seeded with
+        ``seed``. Every framework draws them the same way (numpy's PCG64, never a global RNG), so all
+        workers and both frameworks agree given the seed."""
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        idx = rng.choice(n, size=k, replace=False).astype(index_dtype(n))
+        return self.from_numpy(idx, like)
+
+
+_BACKENDS = {
+    "numpy": "grace.backends.numpy_ops:NumpyOps",
+    "torch": "frameworks.torch.ops:TorchOps",
+    "tensorflow": "frameworks.tensorflow.ops:TensorFlowOps",
+    "keras": "frameworks.tensorflow.ops:TensorFlowOps",
+}
+_INSTANCES: dict[str, Ops] = {}
+
+
+def ops_for(x: Tensor) -> Ops:
+    """The ``Ops`` adapter for ``x``'s framework, imported on first use (so ``grace`` itself never
+    imports torch or TensorFlow)."""
+    top = type(x).__module__.split(".")[0]
+    if top not in _BACKENDS:
+        raise TypeError(
+            f"grace cannot operate on a {type(x).__module__}.{type(x).__name__}; "
+            f"expected a tensor of one of: {', '.join(sorted(set(_BACKENDS)))}"
+        )
+    path = _BACKENDS[top]
+    if path not in _INSTANCES:
+        module, cls = path.split(":")
+        _INSTANCES[path] = getattr(importlib.import_module(module), cls)()
+    return _INSTANCES[path]

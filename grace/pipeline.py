@@ -1,0 +1,131 @@
+"""The per-tensor pipeline a factory such as ``grace.topk(0.01)`` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from grace.collectives import Collectives
+from grace.communicator import Communicator
+from grace.communicators.allreduce import Allreduce
+from grace.compressor import Compressor, Context
+from grace.compressors.none import NoneCompressor
+from grace.memories.none import NoneMemory
+from grace.memory import Memory
+from grace.ops import FLOAT_DTYPES, Ops, Tensor, ops_for
+
+
+@dataclass
+class Pending:
+    """One tensor between ``Pipeline.start`` and ``Pipeline.finish``."""
+
+    name: str
+    ctx: Context
+    compressor: Compressor
+    communicator: Communicator
+    handle: Any
+    ops: Ops
+    ready: Tensor | None = None  # set when nothing had to travel (empty tensors)
+
+
+class Pipeline:
+    """Compression of gradients, one tensor at a time, in the order error feedback requires:
+
+    ``memory.compensate`` → ``compressor.compress`` → ``memory.update`` → ``communicator.start`` …
+    ``communicator.finish`` → ``compressor.decompress`` → ``compressor.aggregate`` → scale.
+
+    Tensors the compressor cannot help travel dense through allreduce, with no memory: those with
+    fewer than ``min_numel`` elements, those whose compressed payload would not be smaller than the
+    dense tensor, and integer or boolean tensors. Empty tensors never reach a collective.
+
+    ``stats()`` reports, cumulatively for this worker, the payload bytes put into collectives
+    (``bytes_sent``) against the bytes of the dense tensors (``bytes_dense``).
+
+    This object is what a Horovod script passes as ``compression=``; the framework wrappers drive
+    ``start`` and ``finish`` from their hooks.
+    """
+
+    def __init__(self, compressor: Compressor, memory: Memory, communicator: Communicator,
+                 min_numel: int = 0):
+        communicator.bind(compressor)
+        self.compressor = compressor
+        self.memory = memory
+        self.communicator = communicator
+        self.min_numel = min_numel
+        self._dense_compressor = NoneCompressor()
+        self._dense_memory = NoneMemory()
+        self._dense_communicator = Allreduce()
+        self.reset_stats()
+
+    def __repr__(self) -> str:
+        return (f"Pipeline(compressor={self.compressor!r}, memory={self.memory!r}, "
+                f"communicator={self.communicator!r}, min_numel={self.min_numel})")
+
+    # --- what Horovod's own optimizer would call -----------------------------------------------
+    def compress(self, tensor):
+        raise TypeError(
+            "a grace pipeline reached Horovod's own DistributedOptimizer, which can only allreduce. "
+            "Import grace before calling hvd.DistributedOptimizer (grace routes it), or use "
+            "frameworks.torch.DistributedOptimizer / frameworks.tensorflow.DistributedGradientTape."
+        )
+
+    decompress = compress
+
+    # --- the pipeline --------------------------------------------------------------------------
+    def compresses(self, numel: int, dtype: str, ops: Ops) -> bool:
+        """Whether a tensor of this size and dtype is compressed, or travels dense."""
+        if dtype not in FLOAT_DTYPES or numel < max(self.min_numel, 1):
+            return False
+        itemsize = ops.itemsize(dtype)
+        estimate = self.compressor.payload_nbytes(numel, itemsize)
+        return estimate is None or estimate < numel * itemsize
+
+    def start(self, tensor: Tensor, name: str, group: Collectives, ops: Ops | None = None) -> Pending:
+        """Compress ``tensor`` (with error feedback) and start its collectives."""
+        ops = ops or ops_for(tensor)
+        numel, dtype = ops.numel(tensor), ops.dtype(tensor)
+        if numel == 0:
+            ctx = Context(ops.shape(tensor), dtype, 0)
+            return Pending(name, ctx, self._dense_compressor, self._dense_communicator, None, ops,
+                           ready=ops.copy(tensor))
+        if self.compresses(numel, dtype, ops):
+            compressor, memory, communicator = self.compressor, self.memory, self.communicator
+        else:
+            compressor, memory, communicator = (self._dense_compressor, self._dense_memory,
+                                                self._dense_communicator)
+        compensated = memory.compensate(tensor, name, ops)
+        payload, ctx = compressor.compress(compensated, name, ops)
+        memory.update(compensated, name, compressor, payload, ctx, ops)
+        handle = communicator.start(payload, f"grace.{name}", group, ops)
+        self._bytes_sent += communicator.bytes_sent(payload, group, ops)
+        self._bytes_dense += numel * ops.itemsize(dtype)
+        self._tensors += 1
+        return Pending(name, ctx, compressor, communicator, handle, ops)
+
+    def finish(self, pending: Pending, group: Collectives, scale: float = 1.0) -> Tensor:
+        """Wait for the collectives, decompress, aggregate over workers, multiply by ``scale``
+        (``1 / size`` to average)."""
+        if pending.ready is not None:
+            return pending.ready
+        ops = pending.ops
+        payloads = pending.communicator.finish(pending.handle, group, ops)
+        decompressed = [pending.compressor.decompress(p, pending.ctx, ops) for p in payloads]
+        total = pending.compressor.aggregate(decompressed, ops)
+        return total if scale == 1.0 else ops.scale(total, scale)
+
+    def reduce(self, tensor: Tensor, name: str, group: Collectives, scale: float = 1.0) -> Tensor:
+        """``start`` and ``finish`` in one call."""
+        return self.finish(self.start(tensor, name, group), group, scale)
+
+    # --- accounting ----------------------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        """Cumulative for this worker: payload bytes sent into collectives, the bytes the dense
+        tensors would have taken, their ratio, and how many tensors went through."""
+        ratio = self._bytes_dense / self._bytes_sent if self._bytes_sent else float("nan")
+        return {"bytes_sent": self._bytes_sent, "bytes_dense": self._bytes_dense,
+                "compression_ratio": ratio, "tensors": self._tensors}
+
+    def reset_stats(self) -> None:
+        self._bytes_sent = 0
+        self._bytes_dense = 0
+        self._tensors = 0

@@ -1,0 +1,78 @@
+"""Names → classes, each compressor's defaults, and the builders behind ``grace.topk(...)`` and
+``grace.from_params(...)``. Every mistake is a ``ValueError`` raised here, at construction."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Mapping
+
+from grace.communicator import Communicator
+from grace.communicators import Allgather, Allreduce, Broadcast
+from grace.compressor import Compressor
+from grace.compressors import FP16, NoneCompressor, RandomK, TopK
+from grace.memories import NoneMemory, ResidualMemory
+from grace.memory import Memory
+from grace.pipeline import Pipeline
+from grace.validation import check_choice, check_int
+
+COMPRESSORS: dict[str, type[Compressor]] = {
+    cls.name: cls for cls in (NoneCompressor, FP16, TopK, RandomK)
+}
+MEMORIES: dict[str, type[Memory]] = {cls.name: cls for cls in (NoneMemory, ResidualMemory)}
+COMMUNICATORS: dict[str, type[Communicator]] = {
+    cls.name: cls for cls in (Allreduce, Allgather, Broadcast)
+}
+
+DEFAULT_MIN_NUMEL = 1024
+"""Tensors with fewer elements (biases, norms) travel dense: compressing them saves little and adds
+latency. Override with ``min_numel=``."""
+
+_PIPELINE_KEYS = ("compressor", "memory", "communicator", "min_numel")
+
+
+def available() -> list[str]:
+    """The names of all compressors, as ``grace.<name>(...)`` and ``from_params`` accept them."""
+    return sorted(COMPRESSORS)
+
+
+def compressor_params(name: str) -> dict[str, Any]:
+    """A compressor's parameters and their defaults."""
+    cls = COMPRESSORS[check_choice("compressor", name, COMPRESSORS)]
+    return {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()
+            if p.name != "self"}
+
+
+def build(compressor: str, *, memory: str | None = None, communicator: str | None = None,
+          min_numel: int = DEFAULT_MIN_NUMEL, **params: Any) -> Pipeline:
+    """A pipeline for the named compressor with its paper's defaults, ``memory`` and
+    ``communicator`` overridden by name when given, and the compressor's own ``params``."""
+    name = check_choice("compressor", compressor, COMPRESSORS)
+    cls = COMPRESSORS[name]
+    allowed = compressor_params(name)
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        accepted = ", ".join(list(allowed) + ["memory", "communicator", "min_numel"])
+        raise ValueError(f"unknown parameter {unknown[0]!r} for compressor {name!r}; "
+                         f"accepted: {accepted}")
+    memory = check_choice("memory", memory or cls.default_memory, MEMORIES)
+    communicator = check_choice("communicator", communicator or cls.default_communicator,
+                                COMMUNICATORS)
+    min_numel = check_int("min_numel", min_numel, minimum=0)
+    return Pipeline(cls(**params), MEMORIES[memory](), COMMUNICATORS[communicator](), min_numel)
+
+
+def from_params(params: Mapping[str, Any]) -> Pipeline:
+    """Build a pipeline from a plain dict, e.g. ``{"compressor": "topk", "ratio": 0.01, "memory":
+    "residual", "communicator": "allgather"}`` (a config file, a command line)."""
+    if not isinstance(params, Mapping):
+        raise ValueError(f"params must be a dict, got {type(params).__name__}")
+    if "compressor" not in params:
+        raise ValueError(f"params needs a 'compressor' key; one of: {', '.join(available())}")
+    rest = dict(params)
+    name = check_choice("compressor", rest.pop("compressor"), COMPRESSORS)
+    allowed = set(compressor_params(name)) | set(_PIPELINE_KEYS)
+    unknown = sorted(set(rest) - allowed)
+    if unknown:
+        raise ValueError(f"unknown parameter {unknown[0]!r} in params for compressor {name!r}; "
+                         f"accepted: {', '.join(sorted(allowed))}")
+    return build(name, **rest)

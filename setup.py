@@ -1,0 +1,11 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="grace-compression",
+    version="0.1.0",
+    description="Gradient compression for Horovod, written once for PyTorch and TensorFlow",
+    packages=find_packages(include=["grace", "grace.*", "frameworks", "frameworks.*"]),
+    python_requires=">=3.9",
+    install_requires=["numpy"],
+    extras_require={"progress": ["tqdm"], "plots": ["matplotlib"]},
+)

@@ -1,0 +1,103 @@
+"""Independent numpy models of the algorithms, written straight from their definitions (float64), to
+check what the framework wrappers compute on real workers."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "workers"))
+from common import LR, batch, gradients, init_weights  # noqa: E402
+
+MIN_NUMEL = 1024  # grace's default: b (8 elements) travels dense, W (1280) is compressed
+
+
+def topk_with_residual(ratio):
+    """Top-k of (gradient + residual) by magnitude; the rest becomes the new residual."""
+    residuals = {}
+
+    def compress(name, rank, step, g):
+        c = g + residuals.get((name, rank), 0.0)
+        flat = c.reshape(-1)
+        k = max(1, int(ratio * flat.size))
+        keep = np.argsort(-np.abs(flat), kind="stable")[:k]
+        sent = np.zeros_like(flat)
+        sent[keep] = flat[keep]
+        sent = sent.reshape(c.shape)
+        residuals[(name, rank)] = c - sent
+        return sent
+    return compress
+
+
+def randomk_with_residual(ratio, seed):
+    """Random-k with indices from the seed every worker derives from (seed, name, step)."""
+    from grace.compressors.randomk import RandomK
+
+    seeds = RandomK(ratio, seed=seed)
+    residuals = {}
+
+    def compress(name, rank, step, g):
+        c = g + residuals.get((name, rank), 0.0)
+        flat = c.reshape(-1)
+        k = max(1, int(ratio * flat.size))
+        keep = np.random.default_rng(seeds.step_seed(name, step)).choice(flat.size, k, replace=False)
+        sent = np.zeros_like(flat)
+        sent[keep] = flat[keep]
+        sent = sent.reshape(c.shape)
+        residuals[(name, rank)] = c - sent
+        return sent
+    return compress
+
+
+def fp16_sum(values):
+    """Half-precision payloads summed in half precision, as an fp16 allreduce does."""
+    total = np.float16(0) * values[0].astype(np.float16)
+    for v in values:
+        total = (total + v.astype(np.float32).astype(np.float16)).astype(np.float16)
+    return total.astype(np.float64)
+
+
+def simulate(compress=None, workers=2, steps=10, average=True, passes=1, clip=None, adam=False,
+             fp16=False):
+    """Final (W, b) of data-parallel training of common.py's model. ``compress(name, rank, step, g)``
+    is applied to W's gradient (b is below the size threshold and travels dense)."""
+    w, b = (a.astype(np.float64) for a in init_weights(0))
+    m = {"w": 0.0, "b": 0.0}
+    v = {"w": 0.0, "b": 0.0}
+    t = 1 if adam else 0  # hvd.broadcast_optimizer_state initialises Adam with one zero step
+    for step in range(steps):
+        gw_all, gb_all = [], []
+        for rank in range(workers):
+            gw, gb = 0.0, 0.0
+            for micro in range(passes):
+                x, y = batch(rank, step * passes + micro)
+                dw, db = gradients(w.astype(np.float32), b.astype(np.float32), x, y)
+                gw, gb = gw + dw, gb + db
+            if compress is not None:
+                gw = compress("weight", rank, step, gw)
+            gw_all.append(gw)
+            gb_all.append(gb)
+        if fp16:
+            gw, gb = fp16_sum(gw_all), fp16_sum(gb_all)
+        else:
+            gw, gb = np.sum(gw_all, axis=0), np.sum(gb_all, axis=0)
+        if average:
+            gw, gb = gw / workers, gb / workers
+        if clip is not None:
+            norm = np.sqrt((gw**2).sum() + (gb**2).sum())
+            factor = min(1.0, clip / (norm + 1e-6))
+            gw, gb = gw * factor, gb * factor
+        if adam:
+            t += 1
+            updates = {}
+            for key, g in (("w", gw), ("b", gb)):
+                m[key] = 0.9 * m[key] + 0.1 * g
+                v[key] = 0.999 * v[key] + 0.001 * g * g
+                denom = np.sqrt(v[key]) / np.sqrt(1 - 0.999**t) + 1e-8
+                updates[key] = 0.01 / (1 - 0.9**t) * m[key] / denom
+            w, b = w - updates["w"], b - updates["b"]
+        else:
+            w, b = w - LR * gw, b - LR * gb
+    return w, b

@@ -1,0 +1,29 @@
+"""Data and initial weights shared by the worker scripts and the numpy reference models: a linear
+regression whose per-worker batches are drawn from seeded numpy generators."""
+
+from __future__ import annotations
+
+import numpy as np
+
+IN, OUT, BATCH = 160, 8, 16  # W has 1280 elements (compressed), b has 8 (dense below min_numel)
+LR = 0.1
+
+
+def init_weights(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((OUT, IN)) * 0.1).astype(np.float32), np.zeros(OUT, np.float32)
+
+
+def batch(rank: int, step: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1000 * rank + step + 1)
+    x = rng.standard_normal((BATCH, IN)).astype(np.float32)
+    y = (x[:, :OUT] * 2.0 + rng.standard_normal((BATCH, OUT)) * 0.1).astype(np.float32)
+    return x, y
+
+
+def gradients(w: np.ndarray, b: np.ndarray, x: np.ndarray, y: np.ndarray):
+    """Gradients of mean((x w^T + b - y)^2), computed in float64."""
+    w, b, x, y = (a.astype(np.float64) for a in (w, b, x, y))
+    err = x @ w.T + b - y
+    scale = 2.0 / err.size
+    return scale * err.T @ x, scale * err.sum(axis=0)

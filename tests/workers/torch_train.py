@@ -1,0 +1,107 @@
+"""Worker for tests/test_horovod_torch.py: trains the linear model of common.py under several
+configurations and saves each rank's final weights and compression stats.
+
+Run by ``horovodrun -np 2 python tests/workers/torch_train.py OUTDIR [--import-order ...]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import LR, batch, init_weights  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("outdir")
+parser.add_argument("--import-order", choices=["grace-first", "horovod-first", "no-grace"],
+                    default="grace-first")
+parser.add_argument("--scenarios", default="all")
+parser.add_argument("--steps", type=int, default=10)
+args = parser.parse_args()
+
+if args.import_order == "grace-first":  # the order is what is being tested
+    import grace  # noqa: I001
+    import horovod.torch as hvd
+else:
+    import horovod.torch as hvd
+    if args.import_order == "horovod-first":
+        import grace
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+hvd.init()
+rank = hvd.rank()
+
+
+def model_and_data(seed=0):
+    w, b = init_weights(seed)
+    model = torch.nn.Linear(w.shape[1], w.shape[0])
+    with torch.no_grad():
+        model.weight.copy_(torch.from_numpy(w))
+        model.bias.copy_(torch.from_numpy(b))
+    return model
+
+
+def train(name, make_compression, steps=args.steps, op=None, passes=1, optimizer="sgd",
+          clip=None, broadcast=False, seed=0):
+    model = model_and_data(seed + (rank if broadcast else 0))
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    kwargs = {"named_parameters": model.named_parameters(), "compression": make_compression(),
+              "backward_passes_per_step": passes}
+    if op is not None:
+        kwargs["op"] = op
+    opt = hvd.DistributedOptimizer(opt, **kwargs)
+    info = {"class_module": type(opt).__module__,
+            "grace": type(opt).__dict__.get("compression_stats") is not None}
+    if broadcast:
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+    for step in range(steps):
+        opt.zero_grad()
+        for micro in range(passes):
+            x, y = batch(rank, step * passes + micro)
+            loss = torch.nn.functional.mse_loss(model(torch.from_numpy(x)), torch.from_numpy(y))
+            loss.backward()
+        if clip is not None:
+            opt.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+    if info["grace"]:
+        info["stats"] = opt.compression_stats()
+    np.savez(os.path.join(args.outdir, f"{name}.rank{rank}.npz"),
+             w=model.weight.detach().numpy(), b=model.bias.detach().numpy())
+    with open(os.path.join(args.outdir, f"{name}.rank{rank}.json"), "w") as f:
+        json.dump(info, f)
+
+
+if args.import_order == "no-grace":
+    scenarios = {"hvd_fp16": lambda: train("hvd_fp16", lambda: hvd.Compression.fp16),
+                 "hvd_none": lambda: train("hvd_none", lambda: hvd.Compression.none)}
+else:
+    scenarios = {
+        "topk": lambda: train("topk", lambda: grace.topk(0.05)),
+        "topk_sum": lambda: train("topk_sum", lambda: grace.topk(0.05), op=hvd.Sum),
+        "topk_broadcast": lambda: train("topk_broadcast",
+                                        lambda: grace.topk(0.05, communicator="broadcast")),
+        "randomk": lambda: train("randomk", lambda: grace.randomk(0.05, seed=3)),
+        "fp16": lambda: train("fp16", lambda: grace.fp16()),
+        "none_passes2": lambda: train("none_passes2", lambda: grace.none(), passes=2),
+        "topk_clip": lambda: train("topk_clip", lambda: grace.topk(0.05), clip=0.05),
+        "none_adam_broadcast": lambda: train("none_adam_broadcast", lambda: grace.none(),
+                                             optimizer="adam", broadcast=True),
+        "hvd_fp16": lambda: train("hvd_fp16", lambda: hvd.Compression.fp16),
+        "hvd_none": lambda: train("hvd_none", lambda: hvd.Compression.none),
+    }
+chosen = list(scenarios) if args.scenarios == "all" else args.scenarios.split(",")
+for name in chosen:
+    scenarios[name]()
