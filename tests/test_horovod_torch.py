@@ -29,14 +29,14 @@ def load(out, name, ranks=2):
     return weights, infos
 
 
-def check(out, name, expected, ranks=2):
+def check(out, name, expected, ranks=2, tol=TOL):
     weights, infos = load(out, name, ranks)
     for r in range(1, ranks):  # identical on every worker, bit for bit
         np.testing.assert_array_equal(weights[r]["w"], weights[0]["w"])
         np.testing.assert_array_equal(weights[r]["b"], weights[0]["b"])
     w, b = expected
-    np.testing.assert_allclose(weights[0]["w"], w, atol=TOL, rtol=0)
-    np.testing.assert_allclose(weights[0]["b"], b, atol=TOL, rtol=0)
+    np.testing.assert_allclose(weights[0]["w"], w, atol=tol, rtol=0)
+    np.testing.assert_allclose(weights[0]["b"], b, atol=tol, rtol=0)
     # The training moved the weights: a vacuous match is ruled out.
     w0, _ = reference.init_weights(0)
     assert np.abs(weights[0]["w"] - w0).max() > 100 * TOL
@@ -66,7 +66,16 @@ def test_randomk_allreduce_shared_indices(gloo_run):
 
 
 def test_grace_fp16(gloo_run):
-    infos = check(gloo_run, "fp16", reference.simulate(fp16=True))
+    # torch computes gradients in float32, the model in float64: an element lying at a float16
+    # rounding boundary may round to the neighbouring half value on one side only. The gradients
+    # stay below 2 (1.16 at most here), where float16 values are at most 2**-10 apart; one such flip
+    # moves a weight by LR * 2**-10 / 2 workers = 4.9e-5. Every element must be within three flips,
+    # and all but a few within the usual 1e-5.
+    flip = 0.1 * 2**-10 / 2
+    infos = check(gloo_run, "fp16", reference.simulate(fp16=True), tol=3 * flip)
+    w = np.load(gloo_run / "fp16.rank0.npz")["w"]
+    off = np.abs(w - reference.simulate(fp16=True)[0]) > TOL
+    assert off.mean() < 0.02, f"{off.sum()} of {off.size} weights differ by more than {TOL}"
     assert infos[0]["stats"]["bytes_sent"] == 10 * (1280 * 2 + 8 * 4)  # b below min_numel: fp32
 
 
