@@ -10,23 +10,49 @@ module attributes are wrapped when the module is imported, whether that happens 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
+import inspect
 import sys
 
-# Horovod module -> the grace module whose ``patch_horovod(module)`` wraps it.
-PATCHERS = {
-    "horovod.torch": "frameworks.torch.horovod_patch",
-    "horovod.tensorflow": "frameworks.tensorflow.horovod_patch",
-    "horovod.tensorflow.keras": "frameworks.tensorflow.horovod_patch",
+# Horovod module -> {its wrapper function: "the grace wrapper with the same signature"}
+ROUTES = {
+    "horovod.torch": {
+        "DistributedOptimizer": "frameworks.torch.optimizer:DistributedOptimizer",
+    },
+    "horovod.tensorflow": {
+        "DistributedGradientTape": "frameworks.tensorflow.tape:DistributedGradientTape",
+        "DistributedOptimizer": "frameworks.tensorflow.tape:DistributedOptimizer",
+    },
+    "horovod.tensorflow.keras": {
+        "DistributedOptimizer": "frameworks.tensorflow.keras:DistributedOptimizer",
+    },
 }
+def route(original, target: str):
+    """``original`` unless its ``compression`` argument is a grace ``Pipeline``, then ``target``
+    ("module:function", imported on first use) with the same arguments."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def routed(*args, **kwargs):
+        from grace.pipeline import Pipeline
+
+        if isinstance(signature.bind(*args, **kwargs).arguments.get("compression"), Pipeline):
+            module, function = target.split(":")
+            return getattr(importlib.import_module(module), function)(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    routed.__grace_original__ = original
+    return routed
 
 
 def _patch(module) -> None:
     if getattr(module, "_grace_patched", False):
         return
-    patcher = importlib.import_module(PATCHERS[module.__name__])
-    patcher.patch_horovod(module)
+    for name, target in ROUTES[module.__name__].items():
+        if hasattr(module, name):
+            setattr(module, name, route(getattr(module, name), target))
     module._grace_patched = True
 
 
@@ -35,7 +61,7 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
     the module is patched right after it executes."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname not in PATCHERS:
+        if fullname not in ROUTES:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -57,6 +83,6 @@ def install() -> None:
     """Patch the Horovod modules already imported and those imported later. Idempotent."""
     if not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _PatchOnImport())
-    for name in PATCHERS:
+    for name in ROUTES:
         if name in sys.modules:
             _patch(sys.modules[name])

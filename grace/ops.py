@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 Tensor = Any
 """A framework tensor (numpy array, torch.Tensor, tf.Tensor): opaque to algorithm code."""
@@ -125,15 +125,44 @@ class Ops(ABC):
         """A host copy of ``x`` as a numpy array (bfloat16 comes back as float32)."""
 
     # --- randomness ----------------------------------------------------------------------------
-    def random_indices(self, n: int, k: int, seed: int, like: Tensor) -> Tensor:
+    def random_indices(self, n: int, k: int, seed_of: Callable[[Any], int], step: Any,
+                       like: Tensor) -> Tensor:
         """``k`` distinct indices in ``[0, n)``, uniform, from a private generator seeded with
-        ``seed``. Every framework draws them the same way (numpy's PCG64, never a global RNG), so all
-        workers and both frameworks agree given the seed."""
-        import numpy as np
+        ``seed_of(step)``. Every adapter draws them the same way (numpy's PCG64, never a global RNG),
+        so all workers and all frameworks agree given the seed. ``step`` is what ``counter`` returned
+        (a tensor under ``tf.function``, where the draw happens when the graph runs)."""
+        return self.from_numpy(draw_indices(n, k, seed_of(int(step))), like)
 
-        rng = np.random.default_rng(seed)
-        idx = rng.choice(n, size=k, replace=False).astype(index_dtype(n))
-        return self.from_numpy(idx, like)
+    # --- state kept across steps ---------------------------------------------------------------
+    # Memories and compressors keep per-tensor state in plain dicts through these three methods, so
+    # that an adapter whose code is traced once (TensorFlow's tf.function) can hold it in variables
+    # that the traced graph reads and updates on every call.
+
+    def load(self, store: dict, key: str, like: Tensor) -> Tensor | None:
+        """The state ``store[key]`` (shaped like ``like``), or ``None`` before the first ``save``."""
+        return store.get(key)
+
+    def save(self, store: dict, key: str, value: Tensor) -> None:
+        store[key] = value
+
+    def counter(self, store: dict, key: str, increment: int = 1) -> Any:
+        """Add ``increment`` to the integer counter ``store[key]`` (0 at first) and return its value
+        before the addition."""
+        value = store.get(key, 0)
+        store[key] = value + increment
+        return value
+
+    @staticmethod
+    def value_of(state: Any) -> Any:
+        """A stored value as a plain Python/numpy value (for ``stats()`` and inspection)."""
+        return state.numpy() if hasattr(state, "numpy") else state
+
+
+def draw_indices(n: int, k: int, seed: int):
+    """The one definition of random-k's index draw, shared by every adapter."""
+    import numpy as np
+
+    return np.random.default_rng(seed).choice(n, size=k, replace=False).astype(index_dtype(n))
 
 
 _BACKENDS = {

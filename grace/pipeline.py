@@ -97,9 +97,9 @@ class Pipeline:
         payload, ctx = compressor.compress(compensated, name, ops)
         memory.update(compensated, name, compressor, payload, ctx, ops)
         handle = communicator.start(payload, f"grace.{name}", group, ops)
-        self._bytes_sent += communicator.bytes_sent(payload, group, ops)
-        self._bytes_dense += numel * ops.itemsize(dtype)
-        self._tensors += 1
+        ops.counter(self._counters, "bytes_sent", communicator.bytes_sent(payload, group, ops))
+        ops.counter(self._counters, "bytes_dense", numel * ops.itemsize(dtype))
+        ops.counter(self._counters, "tensors")
         return Pending(name, ctx, compressor, communicator, handle, ops)
 
     def finish(self, pending: Pending, group: Collectives, scale: float = 1.0) -> Tensor:
@@ -121,11 +121,18 @@ class Pipeline:
     def stats(self) -> dict[str, float]:
         """Cumulative for this worker: payload bytes sent into collectives, the bytes the dense
         tensors would have taken, their ratio, and how many tensors went through."""
-        ratio = self._bytes_dense / self._bytes_sent if self._bytes_sent else float("nan")
-        return {"bytes_sent": self._bytes_sent, "bytes_dense": self._bytes_dense,
-                "compression_ratio": ratio, "tensors": self._tensors}
+        counts = {key: int(Ops.value_of(self._counters.get(key, 0)))
+                  for key in ("bytes_sent", "bytes_dense", "tensors")}
+        sent, dense = counts["bytes_sent"], counts["bytes_dense"]
+        counts["compression_ratio"] = dense / sent if sent else float("nan")
+        return counts
 
     def reset_stats(self) -> None:
-        self._bytes_sent = 0
-        self._bytes_dense = 0
-        self._tensors = 0
+        counters = getattr(self, "_counters", {})
+        for key, value in counters.items():
+            # Counters may be variables that a traced function updates: reset them in place.
+            if hasattr(value, "assign"):
+                value.assign(0)
+            else:
+                counters[key] = 0
+        self._counters = counters

@@ -60,16 +60,19 @@ def fp16_sum(values):
 
 
 def simulate(compress=None, workers=2, steps=10, average=True, passes=1, clip=None, adam=False,
-             fp16=False):
+             fp16=False, ranks=None):
     """Final (W, b) of data-parallel training of common.py's model. ``compress(name, rank, step, g)``
-    is applied to W's gradient (b is below the size threshold and travels dense)."""
+    is applied to W's gradient (b is below the size threshold and travels dense). ``ranks`` chooses
+    whose data the workers train on (default: ``range(workers)``)."""
+    ranks = list(range(workers)) if ranks is None else list(ranks)
+    workers = len(ranks)
     w, b = (a.astype(np.float64) for a in init_weights(0))
     m = {"w": 0.0, "b": 0.0}
     v = {"w": 0.0, "b": 0.0}
     t = 1 if adam else 0  # hvd.broadcast_optimizer_state initialises Adam with one zero step
     for step in range(steps):
         gw_all, gb_all = [], []
-        for rank in range(workers):
+        for rank in ranks:
             gw, gb = 0.0, 0.0
             for micro in range(passes):
                 x, y = batch(rank, step * passes + micro)

@@ -22,15 +22,14 @@ class Allgather(Communicator):
 
             counts = np.array([ops.numel(t) for t in payload], dtype=np.int32)
             lengths = group.allgather_async(ops.from_numpy(counts, payload[0]), f"{name}.lengths")
-        return handles, lengths, len(payload)
+        return handles, lengths, [ops.numel(t) for t in payload]
 
     def finish(self, handle, group, ops):
-        handles, lengths, parts = handle
+        handles, lengths, own_sizes = handle
+        parts = len(own_sizes)
         gathered = [group.synchronize(h) for h in handles]
-        if lengths is None:
-            per_worker = [
-                [ops.numel(g) // group.size] * group.size for g in gathered
-            ]
+        if lengths is None:  # every worker's payload has this worker's sizes
+            per_worker = [[n] * group.size for n in own_sizes]
         else:
             table = ops.to_numpy(group.synchronize(lengths)).reshape(group.size, parts)
             per_worker = [[int(n) for n in table[:, i]] for i in range(parts)]

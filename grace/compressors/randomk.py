@@ -38,10 +38,9 @@ class RandomK(Compressor):
         return int.from_bytes(digest, "little")
 
     def encode(self, flat, name, ctx, ops):
-        step = self._steps.get(name, 0)
-        self._steps[name] = step + 1
+        step = ops.counter(self._steps, name)
         k = self.k(ctx.numel)
-        indices = ops.random_indices(ctx.numel, k, self.step_seed(name, step), like=flat)
+        indices = ops.random_indices(ctx.numel, k, lambda s: self.step_seed(name, s), step, like=flat)
         ctx.data["indices"] = indices
         values = ops.gather(flat, indices)
         if self.scale:
@@ -55,4 +54,4 @@ class RandomK(Compressor):
         return self.k(numel) * itemsize
 
     def state(self):
-        return {"steps": dict(self._steps)}
+        return {"steps": self._steps}

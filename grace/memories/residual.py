@@ -16,11 +16,11 @@ class ResidualMemory(Memory):
         self.residuals: dict = {}
 
     def compensate(self, tensor, name, ops):
-        residual = self.residuals.get(name)
+        residual = ops.load(self.residuals, name, like=tensor)
         return tensor if residual is None else ops.add(tensor, residual)
 
     def update(self, compensated, name, compressor, payload, ctx, ops):
-        self.residuals[name] = ops.sub(compensated, compressor.decompress(payload, ctx, ops))
+        ops.save(self.residuals, name, ops.sub(compensated, compressor.decompress(payload, ctx, ops)))
 
     def state(self):
-        return {"residuals": dict(self.residuals)}
+        return {"residuals": self.residuals}

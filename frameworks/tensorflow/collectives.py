@@ -1,0 +1,42 @@
+"""``grace.collectives.Collectives`` over Horovod's TensorFlow ops.
+
+TensorFlow ops carry no handles: in eager mode each collective runs when issued, in a graph when the
+graph runs (Horovod overlaps them there). ``synchronize`` therefore returns the op's output."""
+
+from __future__ import annotations
+
+import horovod.tensorflow as hvd
+from horovod.tensorflow.mpi_ops import _allreduce, allgather, broadcast
+
+
+class HorovodCollectives:
+    def __init__(self, process_set=None):
+        self.process_set = process_set if process_set is not None else hvd.global_process_set
+
+    @property
+    def size(self) -> int:
+        return self.process_set.size()
+
+    @property
+    def rank(self) -> int:
+        return self.process_set.rank()
+
+    def allreduce_async(self, tensor, name):
+        return _allreduce(tensor, name=_op_name(name), op=hvd.Sum, ignore_name_scope=True,
+                          process_set=self.process_set)
+
+    def allgather_async(self, tensor, name):
+        return allgather(tensor, name=_op_name(name), ignore_name_scope=True,
+                         process_set=self.process_set)
+
+    def broadcast_async(self, tensor, root, name):
+        return broadcast(tensor, root, name=_op_name(name), ignore_name_scope=True,
+                         process_set=self.process_set)
+
+    def synchronize(self, handle):
+        return handle
+
+
+def _op_name(name: str) -> str:
+    # Horovod matches collectives across workers by op name; TensorFlow allows [A-Za-z0-9_.-] only.
+    return "".join(c if c.isalnum() or c in "_." else "_" for c in name)

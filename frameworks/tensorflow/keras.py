@@ -1,0 +1,132 @@
+"""Keras 3 with grace: a ``DistributedOptimizer`` that really combines gradients, and broadcasts of
+initial weights and optimizer state that work on Keras 3 variables.
+
+Horovod 0.28.1's own Keras wrappers predate Keras 3: its ``DistributedOptimizer`` hooks methods that
+Keras 3 never calls, so training runs but each worker applies only its own gradients (the workers
+silently diverge), and ``BroadcastGlobalVariablesCallback`` fails because Keras 3 variables have no
+``ref()``. The optimizer below wraps ``apply()``, which every Keras 3 update goes through
+(``model.fit``, ``apply_gradients``), and ``BroadcastGlobalVariablesCallback`` / ``broadcast_variables``
+below replace Horovod's."""
+
+from __future__ import annotations
+
+import horovod.tensorflow as hvd
+import keras
+import tensorflow as tf
+
+from frameworks.tensorflow.reduce import make_reduce_grads
+from grace.pipeline import Pipeline
+
+
+def _in_xla_context() -> bool:
+    from tensorflow.python.ops import control_flow_util
+
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def _apply(self, grads, trainable_variables=None):
+    if _in_xla_context():
+        raise ValueError(
+            "grace (Horovod's collectives) cannot run inside an XLA-compiled step: compile the model "
+            "with jit_compile=False (jit_compile='auto' does this for you)")
+    variables = self._trainable_variables if trainable_variables is None else list(trainable_variables)
+    grads = self._grace_reduce(list(grads), variables)
+    return super(self.__class__, self).apply(grads, trainable_variables)
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=None,
+                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=hvd.Average,
+                         backward_passes_per_step=1, average_aggregated_gradients=False,
+                         num_groups=0, groups=None, process_set=hvd.global_process_set,
+                         scale_local_gradients=True):
+    """``horovod.tensorflow.keras.DistributedOptimizer`` for Keras 3 with a grace pipeline
+    (default ``grace.none()``, which also makes plain averaging work on Keras 3).
+
+    Returns a new optimizer of a subclass of ``optimizer``'s class, built from its config, whose
+    ``apply()`` first combines the gradients over the workers. ``model.compile(optimizer=...)`` with
+    its defaults and ``model.fit`` work: ``jit_compile='auto'`` resolves to ``False`` for a model with
+    this optimizer (Horovod's collectives have no XLA kernels)."""
+    if compression is None:
+        import grace
+
+        compression = grace.none()
+    if not isinstance(compression, Pipeline):
+        import horovod.tensorflow.keras as hvd_keras
+
+        original = getattr(hvd_keras.DistributedOptimizer, "__grace_original__",
+                           hvd_keras.DistributedOptimizer)
+        return original(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+                        gradient_predivide_factor, op, backward_passes_per_step,
+                        average_aggregated_gradients, num_groups, groups, process_set,
+                        scale_local_gradients)
+    if backward_passes_per_step != 1:
+        raise ValueError(
+            "backward_passes_per_step must be 1 with Keras 3: use the optimizer's own "
+            "gradient_accumulation_steps=N, whose accumulated update grace then combines")
+    reduce_grads = make_reduce_grads(compression, op, gradient_predivide_factor, sparse_as_dense,
+                                     process_set)
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), {"apply": _apply})
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    wrapped = cls.from_config(config)
+    wrapped._grace_reduce = reduce_grads
+    wrapped._grace_pipeline = compression
+    return wrapped
+
+
+def is_grace_optimizer(optimizer) -> bool:
+    inner = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer
+    return hasattr(optimizer, "_grace_reduce") or (inner is not None and hasattr(inner, "_grace_reduce"))
+
+
+def broadcast_variables(variables, root_rank: int = 0, process_set=hvd.global_process_set,
+                        name: str = "grace.broadcast") -> None:
+    """Give every worker ``root_rank``'s values of ``variables`` (Keras 3 or tf variables), in
+    place. Every worker must call it with the same variables in the same order."""
+    for i, variable in enumerate(variables):
+        value = hvd.broadcast(tf.convert_to_tensor(variable), root_rank, name=f"{name}.{i}",
+                              ignore_name_scope=True, process_set=process_set)
+        variable.assign(value)
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """At the start of training, give every worker ``root_rank``'s model weights and optimizer state
+    (Horovod's callback of the same name fails on Keras 3). The optimizer is built first if needed,
+    so that its state exists to be broadcast."""
+
+    def __init__(self, root_rank: int = 0, process_set=hvd.global_process_set):
+        super().__init__()
+        self.root_rank = root_rank
+        self.process_set = process_set
+
+    def on_train_begin(self, logs=None):
+        optimizer = self.model.optimizer
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(self.model.trainable_variables)
+        broadcast_variables(self.model.variables, self.root_rank, self.process_set, "grace.model")
+        if optimizer is not None:
+            # Keras's own property: Horovod's Keras wrapper overrides it with a method that fails.
+            variables = keras.optimizers.Optimizer.variables.fget(optimizer)
+            broadcast_variables(variables, self.root_rank, self.process_set, "grace.optimizer")
+
+
+def _patch_auto_jit_compile() -> None:
+    """Make Keras's ``jit_compile='auto'`` choose ``False`` for a model whose optimizer is a grace
+    wrapper (Keras 3 chooses XLA on CPU too, and Horovod's ops have no XLA kernels)."""
+    from keras.src.trainers.trainer import Trainer
+
+    resolve = Trainer._resolve_auto_jit_compile
+    if getattr(resolve, "_grace", False):
+        return
+
+    def _resolve_auto_jit_compile(self):
+        if is_grace_optimizer(getattr(self, "optimizer", None)):
+            return False
+        return resolve(self)
+
+    _resolve_auto_jit_compile._grace = True
+    Trainer._resolve_auto_jit_compile = _resolve_auto_jit_compile
+
+
+_patch_auto_jit_compile()

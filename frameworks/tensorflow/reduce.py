@@ -1,0 +1,65 @@
+"""The one function every TensorFlow wrapper uses to combine gradients through a grace pipeline."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from frameworks.tensorflow.collectives import HorovodCollectives
+from frameworks.tensorflow.ops import TensorFlowOps
+from grace.pipeline import Pipeline
+
+_OPS = TensorFlowOps()
+
+
+def check_options(op, gradient_predivide_factor: float) -> None:
+    """The options grace refuses, checked where the user builds the wrapper."""
+    if op not in (hvd.Average, hvd.Sum):
+        raise ValueError("op must be hvd.Average or hvd.Sum with grace compression "
+                         "(Adasum combines uncompressed model deltas)")
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+
+
+def variable_name(variable, index: int) -> str:
+    """A name that is the same on every worker and in every call: Keras 3's path, else the TF name
+    without its ``:0`` suffix, else the position."""
+    if variable is None:
+        return f"grad_{index}"
+    path = getattr(variable, "path", None)
+    return path if isinstance(path, str) else variable.name.split(":")[0]
+
+
+def make_reduce_grads(pipeline: Pipeline, op=hvd.Average, gradient_predivide_factor: float = 1.0,
+                      sparse_as_dense: bool = False, process_set=None) -> Callable:
+    """``reduce(grads, vars=None, use_generic_names=False) -> grads``: Horovod's signature for the
+    function its wrappers call to combine gradients; ``None`` gradients stay ``None``."""
+    check_options(op, gradient_predivide_factor)
+    collectives = HorovodCollectives(process_set)
+
+    def reduce_grads(grads: Sequence, variables: Sequence | None = None, use_generic_names=False):
+        grads = list(grads)
+        variables = list(variables) if variables is not None else [None] * len(grads)
+        names = [variable_name(v, i) for i, v in enumerate(variables)]
+        if len(set(names)) != len(names):
+            names = [f"{n}.{i}" for i, n in enumerate(names)]
+        pending = []
+        for grad, name in zip(grads, names):
+            if grad is None:
+                pending.append(None)
+                continue
+            if isinstance(grad, tf.IndexedSlices):
+                if not sparse_as_dense:
+                    raise ValueError(
+                        f"the gradient of {name!r} is sparse (tf.IndexedSlices); grace compresses "
+                        f"dense tensors: pass sparse_as_dense=True")
+                grad = tf.convert_to_tensor(grad)
+            if op == hvd.Average and gradient_predivide_factor != 1.0:
+                grad = grad / gradient_predivide_factor
+            pending.append(pipeline.start(grad, name, collectives, _OPS))
+        scale = gradient_predivide_factor / collectives.size if op == hvd.Average else 1.0
+        return [None if p is None else pipeline.finish(p, collectives, scale) for p in pending]
+
+    return reduce_grads

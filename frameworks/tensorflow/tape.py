@@ -1,0 +1,80 @@
+"""Horovod's ``DistributedGradientTape`` and (TF1-style) ``DistributedOptimizer`` with grace.
+
+Both are Horovod's own wrappers, built with no compression, whose gradient-combining function is then
+replaced by grace's: everything else (persistent tapes, local sources, ``scale_local_gradients``,
+``backward_passes_per_step`` of the legacy optimizer) is Horovod's behaviour, unchanged."""
+
+from __future__ import annotations
+
+import horovod.tensorflow as hvd
+
+from frameworks.tensorflow.reduce import make_reduce_grads
+from grace.pipeline import Pipeline
+
+
+def _original(name):
+    function = getattr(hvd, name)
+    return getattr(function, "__grace_original__", function)
+
+
+def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=None,
+                            sparse_as_dense=False, op=hvd.Average, gradient_predivide_factor=1.0,
+                            num_groups=0, groups=None, process_set=hvd.global_process_set,
+                            scale_local_gradients=True):
+    """``hvd.DistributedGradientTape`` whose ``gradient()`` combines gradients through the grace
+    pipeline ``compression`` (default ``grace.none()``); a Horovod compressor goes to Horovod's own.
+
+    Works eagerly and inside ``tf.function`` (traced once: per-tensor state lives in variables)."""
+    if compression is None:
+        import grace
+
+        compression = grace.none()
+    original = _original("DistributedGradientTape")
+    if not isinstance(compression, Pipeline):
+        return original(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                        gradient_predivide_factor, num_groups, groups, process_set,
+                        scale_local_gradients)
+    reduce_grads = make_reduce_grads(compression, op, gradient_predivide_factor, sparse_as_dense,
+                                     process_set)
+    tape = original(gradtape, device_dense, device_sparse, hvd.Compression.none, sparse_as_dense,
+                    hvd.Average, 1.0, num_groups, groups, process_set, scale_local_gradients)
+    tape._allreduce_grads = reduce_grads
+    tape._grace_pipeline = compression
+    return tape
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
+                         compression=None, sparse_as_dense=False, backward_passes_per_step=1,
+                         op=hvd.Average, gradient_predivide_factor=1.0,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=hvd.global_process_set, scale_local_gradients=True):
+    """``horovod.tensorflow.DistributedOptimizer`` with grace: a TF1-style ``tf.compat.v1.train``
+    optimizer is wrapped by Horovod's class with grace's gradient combination; a Keras optimizer goes
+    to ``frameworks.tensorflow.keras.DistributedOptimizer``."""
+    if compression is None:
+        import grace
+
+        compression = grace.none()
+    original = _original("DistributedOptimizer")
+    args = (name, use_locking, device_dense, device_sparse)
+    if not isinstance(compression, Pipeline):
+        return original(optimizer, *args, compression, sparse_as_dense, backward_passes_per_step,
+                        op, gradient_predivide_factor, average_aggregated_gradients, num_groups,
+                        groups, process_set, scale_local_gradients)
+    if not isinstance(optimizer, hvd._LegacyOptimizer):
+        from frameworks.tensorflow.keras import DistributedOptimizer as keras_optimizer
+
+        return keras_optimizer(optimizer, name, device_dense, device_sparse, compression,
+                               sparse_as_dense, gradient_predivide_factor, op,
+                               backward_passes_per_step, average_aggregated_gradients, num_groups,
+                               groups, process_set, scale_local_gradients)
+    reduce_grads = make_reduce_grads(compression, op, gradient_predivide_factor, sparse_as_dense,
+                                     process_set)
+    wrapped = original(optimizer, *args, hvd.Compression.none, sparse_as_dense,
+                       backward_passes_per_step, hvd.Average, 1.0, average_aggregated_gradients,
+                       num_groups, groups, process_set, scale_local_gradients)
+    wrapped._allreduce_grads = reduce_grads
+    if wrapped._agg_helper is not None:
+        wrapped._agg_helper._allreduce_grads = reduce_grads
+    wrapped._grace_pipeline = compression
+    return wrapped

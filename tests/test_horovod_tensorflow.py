@@ -1,0 +1,76 @@
+"""Real workers (``horovodrun -np 2``) training with grace in TensorFlow: DistributedGradientTape eager
+and under tf.function, the TF1-style DistributedOptimizer, and Keras 3 ``model.fit``. Weights must
+match the numpy models of the algorithms to 1e-5 and be identical on every worker."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import reference
+from launch import ROOT, horovodrun
+from test_horovod_torch import TOL, check
+
+WORKER = os.path.join(ROOT, "tests", "workers", "tf_train.py")
+STEPS = 10
+TOPK_BYTES = STEPS * (64 * 4 + 64 * 4 + 8 * 4)
+
+
+@pytest.fixture(scope="module")
+def tf_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tf")
+    horovodrun(WORKER, str(out))
+    return out
+
+
+def test_tape_eager_topk(tf_run):
+    infos = check(tf_run, "tape_eager_topk", reference.simulate(reference.topk_with_residual(0.05)))
+    assert infos[0]["stats"]["bytes_sent"] == TOPK_BYTES
+
+
+def test_tape_in_tf_function_keeps_state_across_calls(tf_run):
+    infos = check(tf_run, "tape_function_topk", reference.simulate(reference.topk_with_residual(0.05)))
+    # Residuals and byte counters are variables updated by every call of the traced graph. The step
+    # is traced once, plus the initialisation trace TensorFlow makes of any function that creates
+    # variables on its first call; 10 calls do not retrace it.
+    assert infos[0]["traces"] == 2
+    assert infos[0]["stats"]["bytes_sent"] == TOPK_BYTES
+    assert infos[0]["stats"]["tensors"] == 2 * STEPS
+
+
+def test_tape_in_tf_function_randomk_draws_fresh_indices_every_call(tf_run):
+    # The same seeds as in PyTorch: the tensor is named "weight" in both frameworks.
+    infos = check(tf_run, "tape_function_randomk",
+                  reference.simulate(reference.randomk_with_residual(0.05, 3)))
+    assert infos[0]["stats"]["bytes_sent"] == STEPS * (64 * 4 + 8 * 4)
+
+
+def test_tape_in_tf_function_fp16(tf_run):
+    # The float16 rounding-boundary tolerance of test_horovod_torch.test_grace_fp16.
+    check(tf_run, "tape_function_fp16_sum", reference.simulate(fp16=True), tol=3 * 0.1 * 2**-10 / 2)
+
+
+def test_legacy_distributed_optimizer(tf_run):
+    check(tf_run, "legacy_topk", reference.simulate(reference.topk_with_residual(0.05)))
+
+
+def test_keras_fit_with_default_compile_really_averages(tf_run):
+    # Rank 1 starts from other weights: BroadcastGlobalVariablesCallback gives it rank 0's.
+    infos = check(tf_run, "keras_topk", reference.simulate(reference.topk_with_residual(0.05)))
+    assert infos[0]["jit_compile"] is False
+    assert infos[0]["stats"]["bytes_sent"] == TOPK_BYTES
+
+
+def test_horovod_own_keras_optimizer_does_not_average_on_keras3(tf_run):
+    """What docs/tensorflow.md states: Horovod 0.28.1's Keras DistributedOptimizer with its own
+    compression runs, but each worker applies only its own gradients."""
+    for rank in range(2):
+        weights = np.load(tf_run / f"keras_horovod_none.rank{rank}.npz")
+        alone_w, alone_b = reference.simulate(ranks=[rank])
+        np.testing.assert_allclose(weights["w"], alone_w, atol=TOL, rtol=0)
+    w0 = np.load(tf_run / "keras_horovod_none.rank0.npz")["w"]
+    w1 = np.load(tf_run / "keras_horovod_none.rank1.npz")["w"]
+    assert np.abs(w0 - w1).max() > 1e-3
+    assert json.loads((tf_run / "keras_horovod_none.rank0.json").read_text())["stats"] is None

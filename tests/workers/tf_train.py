@@ -1,0 +1,108 @@
+"""Worker for tests/test_horovod_tensorflow.py: trains common.py's linear model with TensorFlow and
+Horovod under several configurations; saves each rank's final weights and compression stats.
+
+Run by ``horovodrun -np 2 python tests/workers/tf_train.py OUTDIR [--scenarios a,b]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import horovod.tensorflow as hvd  # noqa: E402
+import horovod.tensorflow.keras as hvd_keras  # noqa: E402
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from common import BATCH, LR, batch, init_weights  # noqa: E402
+
+import grace  # noqa: E402
+from frameworks.tensorflow.keras import BroadcastGlobalVariablesCallback  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("outdir")
+parser.add_argument("--scenarios", default="all")
+parser.add_argument("--steps", type=int, default=10)
+args = parser.parse_args()
+
+tf.config.threading.set_inter_op_parallelism_threads(1)
+tf.config.threading.set_intra_op_parallelism_threads(1)
+hvd.init()
+rank = hvd.rank()
+
+
+def save(name, w, b, stats=None, **info):
+    np.savez(os.path.join(args.outdir, f"{name}.rank{rank}.npz"), w=np.asarray(w), b=np.asarray(b))
+    with open(os.path.join(args.outdir, f"{name}.rank{rank}.json"), "w") as f:
+        json.dump({"stats": stats, **info}, f)
+
+
+def variables():
+    w, b = init_weights(0)
+    return tf.Variable(w, name="weight"), tf.Variable(b, name="bias")
+
+
+def loss_of(w, b, x, y):
+    return tf.reduce_mean(tf.square(tf.matmul(x, w, transpose_b=True) + b - y))
+
+
+def tape_training(name, compression, use_function):
+    w, b = variables()
+    traces = []
+
+    def step(x, y):
+        traces.append(1)
+        with tf.GradientTape() as tape:
+            loss = loss_of(w, b, x, y)
+        tape = hvd.DistributedGradientTape(tape, compression=compression)
+        gw, gb = tape.gradient(loss, [w, b])
+        w.assign_sub(LR * gw)
+        b.assign_sub(LR * gb)
+
+    run = tf.function(step) if use_function else step
+    for s in range(args.steps):
+        run(*(tf.constant(a) for a in batch(rank, s)))
+    save(name, w.numpy(), b.numpy(), compression.stats(), traces=len(traces))
+
+
+def legacy_optimizer(name, compression):
+    w, b = variables()
+    opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(LR),
+                                   compression=compression)
+    for s in range(args.steps):
+        x, y = (tf.constant(a) for a in batch(rank, s))
+        opt.minimize(lambda: loss_of(w, b, x, y), var_list=[w, b])
+    save(name, w.numpy(), b.numpy(), compression.stats())
+
+
+def keras_fit(name, compression, different_start=True):
+    w, b = init_weights(0)
+    model = keras.Sequential([keras.Input((w.shape[1],)), keras.layers.Dense(w.shape[0])])
+    start = 0.0 if rank == 0 or not different_start else 1.0  # rank 0's weights are broadcast
+    model.layers[0].set_weights([w.T + start, b + start])
+    opt = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(LR), compression=compression)
+    model.compile(optimizer=opt, loss="mse")  # every other option left at its default
+    x = np.concatenate([batch(rank, s)[0] for s in range(args.steps)])
+    y = np.concatenate([batch(rank, s)[1] for s in range(args.steps)])
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[BroadcastGlobalVariablesCallback(0)])
+    kernel, bias = model.layers[0].get_weights()
+    stats = compression.stats() if isinstance(compression, grace.Pipeline) else None
+    save(name, kernel.T, bias, stats, jit_compile=bool(model.jit_compile))
+
+
+scenarios = {
+    "tape_eager_topk": lambda: tape_training("tape_eager_topk", grace.topk(0.05), False),
+    "tape_function_topk": lambda: tape_training("tape_function_topk", grace.topk(0.05), True),
+    "tape_function_randomk": lambda: tape_training("tape_function_randomk",
+                                                   grace.randomk(0.05, seed=3), True),
+    "tape_function_fp16_sum": lambda: tape_training("tape_function_fp16_sum", grace.fp16(), True),
+    "legacy_topk": lambda: legacy_optimizer("legacy_topk", grace.topk(0.05)),
+    "keras_topk": lambda: keras_fit("keras_topk", grace.topk(0.05)),
+    "keras_horovod_none": lambda: keras_fit("keras_horovod_none", hvd.Compression.none, False),
+}
+for name in (list(scenarios) if args.scenarios == "all" else args.scenarios.split(",")):
+    scenarios[name]()
