@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
@@ -20,6 +21,25 @@ class Context:
     dtype: str
     numel: int
     data: dict[str, Any] = field(default_factory=dict)
+    rank: int = 0  # the worker's rank: stochastic compressors draw differently on each worker
+
+
+def stable_seed(*parts: Any) -> int:
+    """A 64-bit seed from the parts' text (Python's ``hash`` differs between processes)."""
+    text = "/".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def numel_of(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def compute_dtype(dtype: str) -> str:
+    """Arithmetic on 16-bit gradients runs in float32; the payload keeps the gradient's dtype."""
+    return "float32" if dtype in ("float16", "bfloat16") else dtype
 
 
 class Compressor(ABC):
@@ -37,6 +57,8 @@ class Compressor(ABC):
     - ``fixed_size``: the payload's sizes depend only on the tensor's size, so receivers can split a
       gathered payload without being told the lengths.
     - ``default_memory`` / ``default_communicator``: what the paper uses, by registry name.
+    - ``rounds``: 2 for a compressor whose payload takes two trips (PowerSGD: P, then Q); it then
+      implements ``second_round`` and may implement ``after_aggregate``.
     """
 
     name: ClassVar[str] = "abstract"
@@ -44,10 +66,12 @@ class Compressor(ABC):
     fixed_size: ClassVar[bool] = True
     default_memory: ClassVar[str] = "none"
     default_communicator: ClassVar[str] = "allreduce"
+    rounds: ClassVar[int] = 1
 
-    def compress(self, tensor: Tensor, name: str, ops: Ops | None = None) -> tuple[Payload, Context]:
+    def compress(self, tensor: Tensor, name: str, ops: Ops | None = None,
+                 rank: int = 0) -> tuple[Payload, Context]:
         ops = ops or ops_for(tensor)
-        ctx = Context(ops.shape(tensor), ops.dtype(tensor), ops.numel(tensor))
+        ctx = Context(ops.shape(tensor), ops.dtype(tensor), ops.numel(tensor), rank=rank)
         return self.encode(ops.flatten(tensor), name, ctx, ops), ctx
 
     def decompress(self, payload: Sequence[Tensor], ctx: Context, ops: Ops | None = None) -> Tensor:
@@ -70,10 +94,22 @@ class Compressor(ABC):
             total = ops.add(total, t)
         return total
 
-    def payload_nbytes(self, numel: int, itemsize: int) -> int | None:
-        """The payload's size in bytes for a tensor of ``numel`` elements, when known in advance
-        (used to leave a tensor dense where compression would not shrink it); ``None`` if unknown."""
+    def payload_nbytes(self, shape: tuple[int, ...], itemsize: int) -> int | None:
+        """The payload's size in bytes for a tensor of this shape, when known in advance (used to
+        leave a tensor dense where compression would not shrink it); ``None`` if unknown."""
         return None
+
+    def accepts(self, shape: tuple[int, ...]) -> bool:
+        """Whether this algorithm applies to a tensor of this shape (PowerSGD needs a matrix)."""
+        return True
+
+    def second_round(self, aggregated: Payload, ctx: Context, ops: Ops) -> Payload:
+        """For ``rounds == 2``: from the first round's payload summed over workers, this worker's
+        second payload (``decompress`` of it is this worker's own approximation)."""
+        raise NotImplementedError
+
+    def after_aggregate(self, aggregated: Payload, ctx: Context, ops: Ops) -> None:
+        """Called with the last round's payload summed over workers (e.g. to keep a warm start)."""
 
     def state(self) -> dict[str, Any]:
         """Per-tensor state this compressor keeps between steps (e.g. seeds' step counters)."""

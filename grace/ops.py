@@ -96,7 +96,8 @@ class Ops(ABC):
 
     @abstractmethod
     def scale(self, x: Tensor, factor: float) -> Tensor:
-        """``x * factor`` in ``x``'s dtype."""
+        """``x * factor`` in ``x``'s dtype; 16-bit tensors are multiplied in float32 and rounded
+        once (as torch does), so every adapter gives the same bits."""
 
     @abstractmethod
     def abs(self, x: Tensor) -> Tensor: ...
@@ -124,6 +125,121 @@ class Ops(ABC):
     def to_numpy(self, x: Tensor) -> Any:
         """A host copy of ``x`` as a numpy array (bfloat16 comes back as float32)."""
 
+    # --- more arithmetic, reductions and selection ----------------------------------------------
+    def size(self, x: Tensor) -> Any:
+        """The element count; unlike ``numel`` it may be a scalar tensor (a payload whose length is
+        only known when a traced graph runs)."""
+        return self.numel(x)
+
+    @abstractmethod
+    def full(self, n: int, value: float, dtype: str, like: Tensor) -> Tensor: ...
+
+    @abstractmethod
+    def arange(self, n: int, dtype: str, like: Tensor) -> Tensor: ...
+
+    @abstractmethod
+    def constant(self, values: Any, dtype: str, like: Tensor) -> Tensor:
+        """A small 1-d tensor from a Python/numpy sequence (tables, scalars) on ``like``'s device."""
+
+    @abstractmethod
+    def mul(self, a: Tensor, b: Tensor) -> Tensor: ...
+
+    @abstractmethod
+    def div(self, a: Tensor, b: Tensor) -> Tensor: ...
+
+    @abstractmethod
+    def sign(self, x: Tensor) -> Tensor: ...
+
+    @abstractmethod
+    def where(self, cond: Tensor, a: Tensor, b: Tensor) -> Tensor: ...
+
+    @abstractmethod
+    def greater_equal(self, a: Tensor, b: Tensor | float) -> Tensor:
+        """Element-wise ``a >= b`` as a boolean tensor."""
+
+    @abstractmethod
+    def less(self, a: Tensor, b: Tensor | float) -> Tensor: ...
+
+    @abstractmethod
+    def equal(self, a: Tensor, b: Tensor | float) -> Tensor: ...
+
+    @abstractmethod
+    def floor(self, x: Tensor) -> Tensor: ...
+
+    @abstractmethod
+    def round(self, x: Tensor) -> Tensor:
+        """Round half to even."""
+
+    @abstractmethod
+    def exponent_bits(self, x: Tensor) -> Tensor:
+        """The biased exponent field (0..255, int32) of each element as float32: exact, and the same
+        in every framework, unlike a floating-point log2."""
+
+    @abstractmethod
+    def power_of_two(self, exponent: Tensor) -> Tensor:
+        """float32 ``2 ** (exponent - 127)`` for int32 biased exponents in 1..254, built from the
+        bits (exact)."""
+
+    @abstractmethod
+    def bucketize(self, x: Tensor, boundaries: Tensor) -> Tensor:
+        """For each element, how many of the ascending ``boundaries`` are ``<= x`` (int32)."""
+
+    @abstractmethod
+    def sqrt(self, x: Tensor) -> Tensor: ...
+
+    @abstractmethod
+    def maximum(self, a: Tensor, b: Tensor | float) -> Tensor: ...
+
+    @abstractmethod
+    def minimum(self, a: Tensor, b: Tensor | float) -> Tensor: ...
+
+    @abstractmethod
+    def sum(self, x: Tensor) -> Tensor:
+        """The sum of all elements, as a 1-element 1-d tensor (so it can join a payload).
+        Floating-point sums accumulate in float64 and round once to ``x``'s dtype, which makes them
+        the same in every framework for float32 and 16-bit tensors, whatever order the framework
+        adds in (for float64 tensors the last bit may differ)."""
+
+    @abstractmethod
+    def max(self, x: Tensor) -> Tensor:
+        """The largest element, as a 1-element 1-d tensor (0 for an empty tensor)."""
+
+    def norm(self, x: Tensor) -> Tensor:
+        """The Euclidean norm, as a 1-element 1-d tensor."""
+        return self.sqrt(self.sum(self.mul(x, x)))
+
+    @abstractmethod
+    def nonzero(self, mask: Tensor) -> Tensor:
+        """Indices (``index_dtype``) of the true entries of a 1-d boolean tensor, in order."""
+
+    @abstractmethod
+    def sort(self, x: Tensor) -> Tensor:
+        """Ascending."""
+
+    @abstractmethod
+    def cond(self, pred: Tensor | bool, true_fn: Callable, false_fn: Callable) -> Any:
+        """``true_fn()`` if ``pred`` else ``false_fn()``; in a traced graph both are traced and the
+        choice is made when it runs."""
+
+    # --- bits ----------------------------------------------------------------------------------
+    @abstractmethod
+    def pack_bits(self, codes: Tensor, bits: int) -> Tensor:
+        """Integer codes in ``[0, 2**bits)`` packed into ``ceil(n * bits / 8)`` uint8: the code bits
+        least significant first, codes one after another, bytes filled from their lowest bit."""
+
+    @abstractmethod
+    def unpack_bits(self, packed: Tensor, bits: int, n: int) -> Tensor:
+        """The ``n`` int32 codes that ``pack_bits`` packed."""
+
+    # --- linear algebra ------------------------------------------------------------------------
+    @abstractmethod
+    def matmul(self, a: Tensor, b: Tensor, transpose_a: bool = False,
+               transpose_b: bool = False) -> Tensor: ...
+
+    @abstractmethod
+    def orthogonalize(self, x: Tensor) -> Tensor:
+        """An orthonormal basis of the columns of the 2-d ``x`` (Q of its QR decomposition)."""
+
     # --- randomness ----------------------------------------------------------------------------
     def random_indices(self, n: int, k: int, seed_of: Callable[[Any], int], step: Any,
                        like: Tensor) -> Tensor:
@@ -138,9 +254,13 @@ class Ops(ABC):
     # that an adapter whose code is traced once (TensorFlow's tf.function) can hold it in variables
     # that the traced graph reads and updates on every call.
 
-    def load(self, store: dict, key: str, like: Tensor) -> Tensor | None:
-        """The state ``store[key]`` (shaped like ``like``), or ``None`` before the first ``save``."""
-        return store.get(key)
+    def load(self, store: dict, key: str, like: Tensor, initial: Any = None) -> Tensor | None:
+        """The state ``store[key]`` (shaped like ``like``). Before the first ``save`` it is
+        ``initial`` (a numpy array) if given, else ``None`` here, zeros in adapters whose state must
+        exist from the first traced call."""
+        if key in store:
+            return store[key]
+        return None if initial is None else self.from_numpy(initial, like)
 
     def save(self, store: dict, key: str, value: Tensor) -> None:
         store[key] = value
@@ -152,10 +272,28 @@ class Ops(ABC):
         store[key] = value + increment
         return value
 
+    def random_uniform(self, n: int, seed_of: Callable[[Any], int], step: Any, like: Tensor) -> Tensor:
+        """``n`` float32 draws from [0, 1) from a private generator seeded with ``seed_of(step)``, the
+        same in every adapter."""
+        return self.from_numpy(draw_uniform(n, seed_of(int(step))), like)
+
+    def random_normal(self, shape: Sequence[int], seed: int, like: Tensor) -> Tensor:
+        """Standard normal float32 draws of ``shape`` from a private generator."""
+        import numpy as np
+
+        values = np.random.default_rng(seed).standard_normal(tuple(shape)).astype(np.float32)
+        return self.from_numpy(values, like)
+
     @staticmethod
     def value_of(state: Any) -> Any:
         """A stored value as a plain Python/numpy value (for ``stats()`` and inspection)."""
         return state.numpy() if hasattr(state, "numpy") else state
+
+
+def draw_uniform(n: int, seed: int):
+    import numpy as np
+
+    return np.random.default_rng(seed).random(n, dtype=np.float32)
 
 
 def draw_indices(n: int, k: int, seed: int):

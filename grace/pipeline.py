@@ -8,7 +8,7 @@ from typing import Any
 from grace.collectives import Collectives
 from grace.communicator import Communicator
 from grace.communicators.allreduce import Allreduce
-from grace.compressor import Compressor, Context
+from grace.compressor import Compressor, Context, numel_of
 from grace.compressors.none import NoneCompressor
 from grace.memories.none import NoneMemory
 from grace.memory import Memory
@@ -26,6 +26,16 @@ class Pending:
     handle: Any
     ops: Ops
     ready: Tensor | None = None  # set when nothing had to travel (empty tensors)
+    memory: Memory | None = None  # kept for a second round (PowerSGD)
+    compensated: Tensor | None = None
+
+
+def _sum_payloads(payloads: list, ops: Ops) -> list:
+    """Per-worker payloads added component by component (a single one is returned as it is)."""
+    total = list(payloads[0])
+    for payload in payloads[1:]:
+        total = [ops.add(a, b) for a, b in zip(total, payload)]
+    return total
 
 
 class Pipeline:
@@ -72,12 +82,15 @@ class Pipeline:
     decompress = compress
 
     # --- the pipeline --------------------------------------------------------------------------
-    def compresses(self, numel: int, dtype: str, ops: Ops) -> bool:
-        """Whether a tensor of this size and dtype is compressed, or travels dense."""
+    def compresses(self, shape: tuple[int, ...], dtype: str, ops: Ops) -> bool:
+        """Whether a tensor of this shape and dtype is compressed, or travels dense."""
+        numel = numel_of(shape)
         if dtype not in FLOAT_DTYPES or numel < max(self.min_numel, 1):
             return False
+        if not self.compressor.accepts(tuple(shape)):
+            return False
         itemsize = ops.itemsize(dtype)
-        estimate = self.compressor.payload_nbytes(numel, itemsize)
+        estimate = self.compressor.payload_nbytes(tuple(shape), itemsize)
         return estimate is None or estimate < numel * itemsize
 
     def start(self, tensor: Tensor, name: str, group: Collectives, ops: Ops | None = None) -> Pending:
@@ -88,29 +101,44 @@ class Pipeline:
             ctx = Context(ops.shape(tensor), dtype, 0)
             return Pending(name, ctx, self._dense_compressor, self._dense_communicator, None, ops,
                            ready=ops.copy(tensor))
-        if self.compresses(numel, dtype, ops):
+        if self.compresses(ops.shape(tensor), dtype, ops):
             compressor, memory, communicator = self.compressor, self.memory, self.communicator
         else:
             compressor, memory, communicator = (self._dense_compressor, self._dense_memory,
                                                 self._dense_communicator)
         compensated = memory.compensate(tensor, name, ops)
-        payload, ctx = compressor.compress(compensated, name, ops)
-        memory.update(compensated, name, compressor, payload, ctx, ops)
-        handle = communicator.start(payload, f"grace.{name}", group, ops)
-        ops.counter(self._counters, "bytes_sent", communicator.bytes_sent(payload, group, ops))
+        payload, ctx = compressor.compress(compensated, name, ops, rank=group.rank)
+        if compressor.rounds == 1:
+            memory.update(compensated, name, compressor, payload, ctx, ops)
+        handle = self._send(communicator, payload, f"grace.{name}", group, ops)
         ops.counter(self._counters, "bytes_dense", numel * ops.itemsize(dtype))
         ops.counter(self._counters, "tensors")
-        return Pending(name, ctx, compressor, communicator, handle, ops)
+        if compressor.rounds == 1:
+            return Pending(name, ctx, compressor, communicator, handle, ops)
+        return Pending(name, ctx, compressor, communicator, handle, ops, memory=memory,
+                       compensated=compensated)
+
+    def _send(self, communicator, payload, name, group, ops):
+        ops.counter(self._counters, "bytes_sent", communicator.bytes_sent(payload, group, ops))
+        return communicator.start(payload, name, group, ops)
 
     def finish(self, pending: Pending, group: Collectives, scale: float = 1.0) -> Tensor:
         """Wait for the collectives, decompress, aggregate over workers, multiply by ``scale``
         (``1 / size`` to average)."""
         if pending.ready is not None:
             return pending.ready
-        ops = pending.ops
+        ops, compressor, ctx = pending.ops, pending.compressor, pending.ctx
         payloads = pending.communicator.finish(pending.handle, group, ops)
-        decompressed = [pending.compressor.decompress(p, pending.ctx, ops) for p in payloads]
-        total = pending.compressor.aggregate(decompressed, ops)
+        if compressor.rounds == 2:
+            # The second payload is computed from the first one summed over workers; error feedback
+            # keeps what this worker's own second payload leaves out.
+            local = compressor.second_round(_sum_payloads(payloads, ops), ctx, ops)
+            pending.memory.update(pending.compensated, pending.name, compressor, local, ctx, ops)
+            handle = self._send(pending.communicator, local, f"grace.{pending.name}.2", group, ops)
+            payloads = pending.communicator.finish(handle, group, ops)
+            compressor.after_aggregate(_sum_payloads(payloads, ops), ctx, ops)
+        decompressed = [compressor.decompress(p, ctx, ops) for p in payloads]
+        total = compressor.aggregate(decompressed, ops)
         return total if scale == 1.0 else ops.scale(total, scale)
 
     def reduce(self, tensor: Tensor, name: str, group: Collectives, scale: float = 1.0) -> Tensor:

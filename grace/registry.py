@@ -9,16 +9,14 @@ from typing import Any, Mapping
 from grace.communicator import Communicator
 from grace.communicators import Allgather, Allreduce, Broadcast
 from grace.compressor import Compressor
-from grace.compressors import FP16, NoneCompressor, RandomK, TopK
-from grace.memories import NoneMemory, ResidualMemory
+from grace.compressors import CATALOGUE
+from grace.memories import MEMORIES as MEMORY_CLASSES
 from grace.memory import Memory
 from grace.pipeline import Pipeline
 from grace.validation import check_choice, check_int
 
-COMPRESSORS: dict[str, type[Compressor]] = {
-    cls.name: cls for cls in (NoneCompressor, FP16, TopK, RandomK)
-}
-MEMORIES: dict[str, type[Memory]] = {cls.name: cls for cls in (NoneMemory, ResidualMemory)}
+COMPRESSORS: dict[str, type[Compressor]] = {cls.name: cls for cls in CATALOGUE}
+MEMORIES: dict[str, type[Memory]] = {cls.name: cls for cls in MEMORY_CLASSES}
 COMMUNICATORS: dict[str, type[Communicator]] = {
     cls.name: cls for cls in (Allreduce, Allgather, Broadcast)
 }
@@ -35,11 +33,19 @@ def available() -> list[str]:
     return sorted(COMPRESSORS)
 
 
+def _init_params(cls) -> dict[str, Any]:
+    return {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()
+            if p.name not in ("self", "args", "kwargs")}
+
+
 def compressor_params(name: str) -> dict[str, Any]:
     """A compressor's parameters and their defaults."""
-    cls = COMPRESSORS[check_choice("compressor", name, COMPRESSORS)]
-    return {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()
-            if p.name != "self"}
+    return _init_params(COMPRESSORS[check_choice("compressor", name, COMPRESSORS)])
+
+
+def memory_params(name: str) -> dict[str, Any]:
+    """A memory's parameters (e.g. DGC's ``momentum``) and their defaults."""
+    return _init_params(MEMORIES[check_choice("memory", name, MEMORIES)])
 
 
 def build(compressor: str, *, memory: str | None = None, communicator: str | None = None,
@@ -48,17 +54,19 @@ def build(compressor: str, *, memory: str | None = None, communicator: str | Non
     ``communicator`` overridden by name when given, and the compressor's own ``params``."""
     name = check_choice("compressor", compressor, COMPRESSORS)
     cls = COMPRESSORS[name]
-    allowed = compressor_params(name)
-    unknown = sorted(set(params) - set(allowed))
-    if unknown:
-        accepted = ", ".join(list(allowed) + ["memory", "communicator", "min_numel"])
-        raise ValueError(f"unknown parameter {unknown[0]!r} for compressor {name!r}; "
-                         f"accepted: {accepted}")
     memory = check_choice("memory", memory or cls.default_memory, MEMORIES)
     communicator = check_choice("communicator", communicator or cls.default_communicator,
                                 COMMUNICATORS)
+    own, of_memory = compressor_params(name), memory_params(memory)
+    unknown = sorted(set(params) - set(own) - set(of_memory))
+    if unknown:
+        accepted = ", ".join(list(own) + list(of_memory) + ["memory", "communicator", "min_numel"])
+        raise ValueError(f"unknown parameter {unknown[0]!r} for compressor {name!r} with memory "
+                         f"{memory!r}; accepted: {accepted}")
     min_numel = check_int("min_numel", min_numel, minimum=0)
-    return Pipeline(cls(**params), MEMORIES[memory](), COMMUNICATORS[communicator](), min_numel)
+    compressor_obj = cls(**{k: v for k, v in params.items() if k in own})
+    memory_obj = MEMORIES[memory](**{k: v for k, v in params.items() if k in of_memory})
+    return Pipeline(compressor_obj, memory_obj, COMMUNICATORS[communicator](), min_numel)
 
 
 def from_params(params: Mapping[str, Any]) -> Pipeline:
@@ -70,7 +78,8 @@ def from_params(params: Mapping[str, Any]) -> Pipeline:
         raise ValueError(f"params needs a 'compressor' key; one of: {', '.join(available())}")
     rest = dict(params)
     name = check_choice("compressor", rest.pop("compressor"), COMPRESSORS)
-    allowed = set(compressor_params(name)) | set(_PIPELINE_KEYS)
+    memory = check_choice("memory", rest.get("memory") or COMPRESSORS[name].default_memory, MEMORIES)
+    allowed = set(compressor_params(name)) | set(memory_params(memory)) | set(_PIPELINE_KEYS)
     unknown = sorted(set(rest) - allowed)
     if unknown:
         raise ValueError(f"unknown parameter {unknown[0]!r} in params for compressor {name!r}; "

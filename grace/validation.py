@@ -39,3 +39,19 @@ def check_choice(kind: str, value: Any, choices: Iterable[str]) -> str:
         if close:
             message += f" (did you mean {close[0]!r}?)"
     raise ValueError(f"{message}; allowed: {', '.join(choices)}")
+
+
+def check_positive(param: str, value: Any) -> float:
+    """A finite number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value <= 0:
+        raise ValueError(f"{param} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def check_fraction(param: str, value: Any) -> float:
+    """A number in [0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+            or not 0.0 <= value < 1.0:
+        raise ValueError(f"{param} must be in [0, 1), got {value!r}")
+    return float(value)

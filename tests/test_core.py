@@ -177,7 +177,7 @@ def test_small_and_integer_tensors_travel_dense():
     ints = [np.arange(2000, dtype=np.int64)] * 2
     results, _ = run_workers(lambda: grace.topk(0.01), ints, average=False)
     np.testing.assert_array_equal(results[0], 2 * ints[0])
-    assert not grace.topk(0.6).compresses(10_000, "float32", NumpyOps())  # 2*k*4 > dense bytes
+    assert not grace.topk(0.6).compresses((10_000,), "float32", NumpyOps())  # 2*k*4 > dense bytes
 
 
 def test_empty_tensor_needs_no_collective():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from grace.ops import Ops, draw_indices, index_dtype
+from grace.ops import Ops, draw_indices, draw_uniform, index_dtype
 
 
 class TensorFlowOps(Ops):
@@ -54,6 +54,8 @@ class TensorFlowOps(Ops):
         return tf.subtract(a, b)
 
     def scale(self, x, factor):
+        if x.dtype in (tf.float16, tf.bfloat16):
+            return tf.cast(tf.cast(x, tf.float32) * tf.constant(factor, tf.float32), x.dtype)
         return x * tf.constant(factor, dtype=x.dtype)
 
     def abs(self, x):
@@ -68,6 +70,112 @@ class TensorFlowOps(Ops):
 
     def scatter_add(self, n, indices, values):
         return tf.math.unsorted_segment_sum(values, indices, n)
+
+    def size(self, x):
+        return x.shape.num_elements() if x.shape.is_fully_defined() else tf.size(x)
+
+    def full(self, n, value, dtype, like):
+        return tf.fill([n], tf.constant(value, dtype=dtype))
+
+    def arange(self, n, dtype, like):
+        return tf.range(n, dtype=dtype)
+
+    def constant(self, values, dtype, like):
+        return tf.reshape(tf.constant(values, dtype=dtype), [-1])
+
+    def mul(self, a, b):
+        return a * b
+
+    def div(self, a, b):
+        return a / b
+
+    def sign(self, x):
+        return tf.sign(x)
+
+    def where(self, cond, a, b):
+        return tf.where(cond, a, b)
+
+    def greater_equal(self, a, b):
+        return tf.greater_equal(a, b)
+
+    def less(self, a, b):
+        return tf.less(a, b)
+
+    def equal(self, a, b):
+        return tf.equal(a, b)
+
+    def floor(self, x):
+        return tf.floor(x)
+
+    def round(self, x):
+        return tf.round(x)
+
+    def exponent_bits(self, x):
+        bits = tf.bitcast(tf.cast(x, tf.float32), tf.int32)
+        return tf.bitwise.bitwise_and(tf.bitwise.right_shift(bits, 23), 0xFF)
+
+    def power_of_two(self, exponent):
+        return tf.bitcast(tf.bitwise.left_shift(tf.cast(exponent, tf.int32), 23), tf.float32)
+
+    def bucketize(self, x, boundaries):
+        return tf.searchsorted(boundaries, x, side="right", out_type=tf.int32)
+
+    def sqrt(self, x):
+        return tf.sqrt(x)
+
+    def maximum(self, a, b):
+        return tf.maximum(a, tf.cast(b, a.dtype))
+
+    def minimum(self, a, b):
+        return tf.minimum(a, tf.cast(b, a.dtype))
+
+    def sum(self, x):
+        if x.dtype.is_floating:
+            return tf.reshape(tf.cast(tf.reduce_sum(tf.cast(x, tf.float64)), x.dtype), [1])
+        return tf.reshape(tf.reduce_sum(x), [1])
+
+    def max(self, x):
+        return tf.reshape(tf.cond(tf.size(x) > 0, lambda: tf.reduce_max(x),
+                                  lambda: tf.zeros([], x.dtype)), [1])
+
+    def nonzero(self, mask):
+        n = mask.shape.num_elements() or 0
+        return tf.cast(tf.reshape(tf.where(mask), [-1]), index_dtype(n))
+
+    def sort(self, x):
+        return tf.sort(x)
+
+    def cond(self, pred, true_fn, false_fn):
+        if isinstance(pred, bool):
+            return true_fn() if pred else false_fn()
+        return tf.cond(tf.reshape(pred, []), true_fn, false_fn)
+
+    def pack_bits(self, codes, bits):
+        planes = tf.bitwise.bitwise_and(
+            tf.bitwise.right_shift(tf.reshape(tf.cast(codes, tf.int32), [-1, 1]), tf.range(bits)), 1)
+        planes = tf.reshape(planes, [-1])
+        planes = tf.pad(planes, [[0, (-(self.numel(codes) * bits)) % 8]])
+        weights = tf.bitwise.left_shift(1, tf.range(8))
+        return tf.cast(tf.reduce_sum(tf.reshape(planes, [-1, 8]) * weights, axis=1), tf.uint8)
+
+    def unpack_bits(self, packed, bits, n):
+        planes = tf.bitwise.bitwise_and(
+            tf.bitwise.right_shift(tf.reshape(tf.cast(packed, tf.int32), [-1, 1]), tf.range(8)), 1)
+        planes = tf.reshape(planes, [-1])[: n * bits]
+        weights = tf.bitwise.left_shift(1, tf.range(bits))
+        return tf.reduce_sum(tf.reshape(planes, [n, bits]) * weights, axis=1)
+
+    def matmul(self, a, b, transpose_a=False, transpose_b=False):
+        return tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+
+    def orthogonalize(self, x):
+        return tf.linalg.qr(x)[0]
+
+    def random_uniform(self, n, seed_of, step, like):
+        values = tf.numpy_function(lambda s: draw_uniform(n, seed_of(int(s))), [step], tf.float32,
+                                   stateful=False)
+        values.set_shape([n])
+        return values
 
     def from_numpy(self, array, like):
         return tf.convert_to_tensor(array)
@@ -84,10 +192,10 @@ class TensorFlowOps(Ops):
         indices.set_shape([k])
         return indices
 
-    def load(self, store, key, like):
+    def load(self, store, key, like, initial=None):
         if key not in store:
-            store[key] = tf.Variable(tf.zeros_like(like), trainable=False,
-                                     name=_variable_name(key))
+            value = tf.zeros_like(like) if initial is None else tf.constant(initial, like.dtype)
+            store[key] = tf.Variable(value, trainable=False, name=_variable_name(key))
         return store[key].read_value()
 
     def save(self, store, key, value):

@@ -74,6 +74,96 @@ class TorchOps(Ops):
         out = torch.zeros(n, dtype=values.dtype, device=values.device)
         return out.index_add_(0, indices, values)
 
+    def full(self, n, value, dtype, like):
+        return torch.full((n,), value, dtype=_dtype(dtype), device=like.device)
+
+    def arange(self, n, dtype, like):
+        return torch.arange(n, dtype=_dtype(dtype), device=like.device)
+
+    def constant(self, values, dtype, like):
+        return torch.as_tensor(values, dtype=_dtype(dtype), device=like.device).reshape(-1)
+
+    def mul(self, a, b):
+        return a * b
+
+    def div(self, a, b):
+        return a / b
+
+    def sign(self, x):
+        return torch.sign(x)
+
+    def where(self, cond, a, b):
+        return torch.where(cond, a, b)
+
+    def greater_equal(self, a, b):
+        return a >= b
+
+    def less(self, a, b):
+        return a < b
+
+    def equal(self, a, b):
+        return a == b
+
+    def floor(self, x):
+        return torch.floor(x)
+
+    def round(self, x):
+        return torch.round(x)
+
+    def exponent_bits(self, x):
+        return (x.to(torch.float32).view(torch.int32) >> 23) & 0xFF
+
+    def power_of_two(self, exponent):
+        return (exponent.to(torch.int32) << 23).view(torch.float32)
+
+    def bucketize(self, x, boundaries):
+        return torch.bucketize(x, boundaries, right=True, out_int32=True)
+
+    def sqrt(self, x):
+        return torch.sqrt(x)
+
+    def maximum(self, a, b):
+        return torch.clamp(a, min=b) if not isinstance(b, torch.Tensor) else torch.maximum(a, b)
+
+    def minimum(self, a, b):
+        return torch.clamp(a, max=b) if not isinstance(b, torch.Tensor) else torch.minimum(a, b)
+
+    def sum(self, x):
+        if x.is_floating_point():
+            return x.sum(dtype=torch.float64).to(x.dtype).reshape(1)
+        return x.sum().reshape(1)
+
+    def max(self, x):
+        return x.max().reshape(1) if x.numel() else torch.zeros(1, dtype=x.dtype, device=x.device)
+
+    def nonzero(self, mask):
+        return torch.nonzero(mask).reshape(-1).to(_dtype(index_dtype(mask.numel())))
+
+    def sort(self, x):
+        return torch.sort(x).values
+
+    def cond(self, pred, true_fn, false_fn):
+        return true_fn() if bool(pred) else false_fn()
+
+    def pack_bits(self, codes, bits):
+        shifts = torch.arange(bits, dtype=torch.int32, device=codes.device)
+        planes = ((codes.to(torch.int32).reshape(-1, 1) >> shifts) & 1).reshape(-1)
+        planes = torch.nn.functional.pad(planes, (0, (-planes.numel()) % 8))
+        weights = 1 << torch.arange(8, dtype=torch.int32, device=codes.device)
+        return (planes.reshape(-1, 8) * weights).sum(1).to(torch.uint8)
+
+    def unpack_bits(self, packed, bits, n):
+        shifts = torch.arange(8, dtype=torch.int32, device=packed.device)
+        planes = ((packed.to(torch.int32).reshape(-1, 1) >> shifts) & 1).reshape(-1)[: n * bits]
+        weights = 1 << torch.arange(bits, dtype=torch.int32, device=packed.device)
+        return (planes.reshape(n, bits) * weights).sum(1, dtype=torch.int32)
+
+    def matmul(self, a, b, transpose_a=False, transpose_b=False):
+        return torch.matmul(a.T if transpose_a else a, b.T if transpose_b else b)
+
+    def orthogonalize(self, x):
+        return torch.linalg.qr(x).Q
+
     def from_numpy(self, array, like):
         return torch.from_numpy(array).to(like.device)
 

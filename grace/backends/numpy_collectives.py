@@ -7,20 +7,28 @@ are what Horovod would return.
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
 
+from grace.ops import ops_for
+
 
 class InProcessGroup:
-    """N simulated workers in one process. ``group.worker(r)`` is worker ``r``'s ``Collectives``."""
+    """N simulated workers in one process. ``group.worker(r)`` is worker ``r``'s ``Collectives``.
 
-    def __init__(self, size: int):
+    Works on the tensors of any adapter (numpy, torch, TensorFlow): contributions are combined as
+    numpy arrays and each worker gets its result back as a tensor of its own kind and device."""
+
+    def __init__(self, size: int, timeout: float = 30.0):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"size must be a positive int, got {size!r}")
         self.size = size
+        self.timeout = timeout
         self._ops: dict[tuple[str, str], dict[int, Any]] = {}
         self._done: dict[tuple[str, str], int] = {}
+        self._changed = threading.Condition()
 
     def worker(self, rank: int) -> "_InProcessWorker":
         if not 0 <= rank < self.size:
@@ -28,18 +36,34 @@ class InProcessGroup:
         return _InProcessWorker(self, rank)
 
     def _contribute(self, key, rank, value):
-        contributions = self._ops.setdefault(key, {})
-        if rank in contributions:
-            raise RuntimeError(f"worker {rank} started {key[0]} {key[1]!r} twice")
-        contributions[rank] = value
+        with self._changed:
+            contributions = self._ops.setdefault(key, {})
+            if rank in contributions:
+                raise RuntimeError(f"worker {rank} started {key[0]} {key[1]!r} twice")
+            contributions[rank] = value
+            self._changed.notify_all()
         return key
 
     def _result(self, key, rank):
-        contributions = self._ops.get(key, {})
-        if len(contributions) != self.size:
-            missing = sorted(set(range(self.size)) - set(contributions))
-            raise RuntimeError(f"{key[0]} {key[1]!r}: workers {missing} have not started it")
+        with self._changed:
+            # Workers driven from threads (as a two-round compressor needs) wait for each other here.
+            complete = self._changed.wait_for(
+                lambda: len(self._ops.get(key, {})) == self.size, timeout=self.timeout)
+            if not complete:
+                missing = sorted(set(range(self.size)) - set(self._ops.get(key, {})))
+                raise RuntimeError(f"{key[0]} {key[1]!r}: workers {missing} have not started it")
+            value, like = self._combine(key, rank)
+        if like is None:
+            return value
+        ops = ops_for(like)  # numpy has no bfloat16: such tensors travel as float32 here
+        return ops.cast(ops.from_numpy(value, like), ops.dtype(like))
+
+    def _combine(self, key, rank):
+        contributions = self._ops[key]
         kind = key[0]
+        like = contributions[rank][2] if kind == "broadcast" else contributions[rank][1]
+        contributions = {r: ((v[0], v[1]) if kind == "broadcast" else v[0])
+                         for r, v in contributions.items()}
         if kind == "allreduce":
             result = np.sum(np.stack([contributions[r] for r in range(self.size)]), axis=0)
             result = result.astype(contributions[0].dtype)
@@ -51,7 +75,14 @@ class InProcessGroup:
         self._done[key] = self._done.get(key, 0) + 1
         if self._done[key] == self.size:
             del self._ops[key], self._done[key]
-        return result
+        return result, like
+
+
+def _host(tensor):
+    """A numpy copy, and the framework tensor to convert results back like (None for numpy)."""
+    if isinstance(tensor, np.ndarray):
+        return np.array(tensor, copy=True), None
+    return np.array(ops_for(tensor).to_numpy(tensor), copy=True), tensor
 
 
 class _InProcessWorker:
@@ -59,13 +90,13 @@ class _InProcessWorker:
         self._group, self.rank, self.size = group, rank, group.size
 
     def allreduce_async(self, tensor, name):
-        return self._group._contribute(("allreduce", name), self.rank, np.array(tensor, copy=True))
+        return self._group._contribute(("allreduce", name), self.rank, _host(tensor))
 
     def allgather_async(self, tensor, name):
-        return self._group._contribute(("allgather", name), self.rank, np.array(tensor, copy=True))
+        return self._group._contribute(("allgather", name), self.rank, _host(tensor))
 
     def broadcast_async(self, tensor, root, name):
-        return self._group._contribute(("broadcast", name), self.rank, (root, np.array(tensor, copy=True)))
+        return self._group._contribute(("broadcast", name), self.rank, (root, *_host(tensor)))
 
     def synchronize(self, handle):
         return self._group._result(handle, self.rank)

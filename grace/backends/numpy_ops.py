@@ -55,7 +55,8 @@ class NumpyOps(Ops):
 
     def scale(self, x, factor):
         x = np.asarray(x)
-        return (x * np.asarray(factor, dtype=x.dtype)).astype(x.dtype, copy=False)
+        wide = np.float32 if x.dtype == np.float16 else x.dtype
+        return (x.astype(wide) * np.asarray(factor, dtype=wide)).astype(x.dtype, copy=False)
 
     def abs(self, x):
         return np.abs(x)
@@ -73,11 +74,104 @@ class NumpyOps(Ops):
         np.add.at(out, np.asarray(indices, dtype=np.int64), values)
         return out
 
+    def full(self, n, value, dtype, like):
+        return np.full(n, value, dtype=_np_dtype(dtype))
+
+    def arange(self, n, dtype, like):
+        return np.arange(n, dtype=_np_dtype(dtype))
+
+    def constant(self, values, dtype, like):
+        return np.asarray(values, dtype=_np_dtype(dtype)).reshape(-1)
+
+    def mul(self, a, b):
+        return _same(np.multiply(a, b), a)
+
+    def div(self, a, b):
+        return _same(np.divide(a, b), a)
+
+    def sign(self, x):
+        return np.sign(x)
+
+    def where(self, cond, a, b):
+        out = np.where(cond, a, b)
+        return out.astype(np.result_type(a, b), copy=False)
+
+    def greater_equal(self, a, b):
+        return np.greater_equal(a, b)
+
+    def less(self, a, b):
+        return np.less(a, b)
+
+    def equal(self, a, b):
+        return np.equal(a, b)
+
+    def floor(self, x):
+        return np.floor(x)
+
+    def round(self, x):
+        return np.round(x)
+
+    def exponent_bits(self, x):
+        return ((np.asarray(x, np.float32).view(np.int32) >> 23) & 0xFF).astype(np.int32)
+
+    def power_of_two(self, exponent):
+        return (np.asarray(exponent, np.int32) << 23).view(np.float32)
+
+    def bucketize(self, x, boundaries):
+        return np.searchsorted(boundaries, x, side="right").astype(np.int32)
+
+    def sqrt(self, x):
+        return np.sqrt(x)
+
+    def maximum(self, a, b):
+        return _same(np.maximum(a, b), a)
+
+    def minimum(self, a, b):
+        return _same(np.minimum(a, b), a)
+
+    def sum(self, x):
+        x = np.asarray(x)
+        wide = np.float64 if x.dtype.kind == "f" else x.dtype
+        return np.sum(x, dtype=wide).astype(x.dtype).reshape(1)
+
+    def max(self, x):
+        x = np.asarray(x)
+        return (np.max(x) if x.size else np.zeros((), x.dtype)).reshape(1)
+
+    def nonzero(self, mask):
+        return np.flatnonzero(mask).astype(index_dtype(np.size(mask)))
+
+    def sort(self, x):
+        return np.sort(x)
+
+    def cond(self, pred, true_fn, false_fn):
+        return true_fn() if bool(np.all(pred)) else false_fn()
+
+    def pack_bits(self, codes, bits):
+        planes = (np.asarray(codes, np.int64)[:, None] >> np.arange(bits)) & 1
+        return np.packbits(planes.reshape(-1).astype(np.uint8), bitorder="little")
+
+    def unpack_bits(self, packed, bits, n):
+        planes = np.unpackbits(np.asarray(packed, np.uint8), bitorder="little", count=n * bits)
+        return (planes.reshape(n, bits).astype(np.int32) << np.arange(bits, dtype=np.int32)).sum(1)
+
+    def matmul(self, a, b, transpose_a=False, transpose_b=False):
+        return np.matmul(a.T if transpose_a else a, b.T if transpose_b else b)
+
+    def orthogonalize(self, x):
+        return np.linalg.qr(x)[0].astype(x.dtype, copy=False)
+
     def from_numpy(self, array, like):
         return np.asarray(array)
 
     def to_numpy(self, x):
         return np.asarray(x)
+
+
+def _same(result, like):
+    """Keep ``like``'s dtype where numpy would promote (a float32 array times a Python float)."""
+    dtype = np.asarray(like).dtype
+    return result.astype(dtype, copy=False) if dtype.kind == "f" else result
 
 
 def _np_dtype(dtype: str):

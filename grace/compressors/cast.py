@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from grace.compressor import Compressor
+from grace.compressor import Compressor, numel_of
 
 
 class FP16(Compressor):
@@ -22,5 +22,15 @@ class FP16(Compressor):
     def decode(self, payload, ctx, ops):
         return ops.cast(payload[0], ctx.dtype)
 
-    def payload_nbytes(self, numel, itemsize):
-        return numel * min(itemsize, 2)
+    def payload_nbytes(self, shape, itemsize):
+        return numel_of(shape) * min(itemsize, 2)
+
+
+class BF16(FP16):
+    """bfloat16: each element is cast to bfloat16 for the wire (float32's 8-bit exponent, 7-bit
+    mantissa), so nothing overflows that float32 can hold; precision drops to about 3 significant
+    digits. Kalamkar et al., "A Study of BFLOAT16 for Deep Learning Training", 2019. The numpy
+    reference backend has no bfloat16: use torch or TensorFlow tensors."""
+
+    name = "bf16"
+    wire_dtype = "bfloat16"

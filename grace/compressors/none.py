@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from grace.compressor import Compressor
+from grace.compressor import Compressor, numel_of
 
 
 class NoneCompressor(Compressor):
@@ -16,5 +16,5 @@ class NoneCompressor(Compressor):
     def decode(self, payload, ctx, ops):
         return payload[0]
 
-    def payload_nbytes(self, numel, itemsize):
-        return numel * itemsize
+    def payload_nbytes(self, shape, itemsize):
+        return numel_of(shape) * itemsize

@@ -1,8 +1,6 @@
 from __future__ import annotations
 
-import hashlib
-
-from grace.compressor import Compressor
+from grace.compressor import Compressor, numel_of, stable_seed
 from grace.validation import check_bool, check_int, check_ratio
 
 
@@ -34,8 +32,7 @@ class RandomK(Compressor):
     def step_seed(self, name: str, step: int) -> int:
         """The generator's seed for ``name`` at ``step``: a stable hash (Python's ``hash`` differs
         between processes)."""
-        digest = hashlib.blake2b(f"{self.seed}/{name}/{step}".encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "little")
+        return stable_seed(self.seed, name, step)
 
     def encode(self, flat, name, ctx, ops):
         step = ops.counter(self._steps, name)
@@ -50,8 +47,8 @@ class RandomK(Compressor):
     def decode(self, payload, ctx, ops):
         return ops.scatter_add(ctx.numel, ctx.data["indices"], payload[0])
 
-    def payload_nbytes(self, numel, itemsize):
-        return self.k(numel) * itemsize
+    def payload_nbytes(self, shape, itemsize):
+        return self.k(numel_of(shape)) * itemsize
 
     def state(self):
         return {"steps": self._steps}

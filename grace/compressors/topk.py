@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from grace.compressor import Compressor
+from grace.compressor import Compressor, numel_of
 from grace.ops import index_dtype
 from grace.validation import check_ratio
 
@@ -34,5 +34,6 @@ class TopK(Compressor):
         values, indices = payload
         return ops.scatter_add(ctx.numel, indices, values)
 
-    def payload_nbytes(self, numel, itemsize):
+    def payload_nbytes(self, shape, itemsize):
+        numel = numel_of(shape)
         return self.k(numel) * (itemsize + (4 if index_dtype(numel) == "int32" else 8))

@@ -1,6 +1,9 @@
 """Memories: what error feedback keeps between steps."""
 
+from grace.memories.dgc import DGCMemory
 from grace.memories.none import NoneMemory
-from grace.memories.residual import ResidualMemory
+from grace.memories.residual import EFSignSGDMemory, PowerSGDMemory, ResidualMemory
 
-__all__ = ["NoneMemory", "ResidualMemory"]
+MEMORIES = (NoneMemory, ResidualMemory, EFSignSGDMemory, PowerSGDMemory, DGCMemory)
+
+__all__ = [cls.__name__ for cls in MEMORIES] + ["MEMORIES"]

@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+from grace.compressor import Compressor, compute_dtype, numel_of, stable_seed
+from grace.ops import index_dtype
+from grace.validation import check_int, check_ratio
+
+WARMUP_RATIOS = (0.25, 0.0625, 0.015625, 0.004, 0.001)
+"""DGC's sparsity warm-up: 75%, 93.75%, 98.4375%, 99.6%, then 99.9% (or ``ratio``) of each
+gradient stays local, one stage per ``warmup_steps`` steps."""
+
+
+class DGC(Compressor):
+    """Deep Gradient Compression: top-k with a threshold estimated on a random sample. The magnitude
+    that keeps ``ratio`` of a ``sample_ratio`` sample (lowered by 20%) selects candidates, and exactly
+    the k largest of them are sent (or of the whole tensor, should too few pass), as values and int32
+    indices. Its ``dgc`` memory adds momentum correction, local gradient clipping and momentum factor
+    masking; ``warmup_steps`` > 0 raises sparsity in stages (``WARMUP_RATIOS``) over the first steps.
+    Lin et al., "Deep Gradient Compression: Reducing the Communication Bandwidth for Distributed
+    Training", ICLR 2018. Use it with plain SGD: the momentum is applied here, before compression."""
+
+    name = "dgc"
+    default_memory = "dgc"
+    default_communicator = "allgather"
+
+    def __init__(self, ratio: float = 0.001, sample_ratio: float = 0.01, warmup_steps: int = 0,
+                 seed: int = 0):
+        self.ratio = check_ratio("ratio", ratio)
+        self.sample_ratio = check_ratio("sample_ratio", sample_ratio)
+        self.warmup_steps = check_int("warmup_steps", warmup_steps, minimum=0)
+        self.seed = check_int("seed", seed, minimum=0)
+        self._steps: dict = {}
+
+    def params(self):
+        return {"ratio": self.ratio, "sample_ratio": self.sample_ratio,
+                "warmup_steps": self.warmup_steps, "seed": self.seed}
+
+    def ratio_at(self, step: int) -> float:
+        """The fraction sent at ``step`` (0-based), following the warm-up schedule."""
+        if self.warmup_steps == 0:
+            return self.ratio
+        stage = step // self.warmup_steps
+        return max(self.ratio, WARMUP_RATIOS[stage]) if stage < len(WARMUP_RATIOS) else self.ratio
+
+    def encode(self, flat, name, ctx, ops):
+        n = ctx.numel
+        step = ops.counter(self._steps, name)
+        if self.warmup_steps:
+            if not isinstance(step, int):
+                raise ValueError("DGC's sparsity warm-up changes the payload size from stage to "
+                                 "stage; inside tf.function use warmup_steps=0, or run eagerly")
+            ratio = self.ratio_at(step)
+        else:
+            ratio = self.ratio
+        k = max(1, int(ratio * n))
+        magnitude = ops.abs(ops.cast(flat, compute_dtype(ctx.dtype)))
+        m = min(n, max(int(n * self.sample_ratio), 1))
+        picked = ops.random_indices(n, m, lambda s: stable_seed(self.seed, name, s, ctx.rank), step,
+                                    like=flat)
+        sample = ops.sort(ops.gather(magnitude, picked))
+        threshold = ops.scale(ops.gather(sample, ops.constant([m - max(1, int(m * ratio))],
+                                                              "int32", like=flat)), 0.8)
+        candidates = ops.nonzero(ops.greater_equal(magnitude, threshold))
+        # Every element outside the candidates is smaller than every candidate, so when there are at
+        # least k candidates the k largest of them are the k largest of the tensor.
+        indices = ops.cond(
+            ops.size(candidates) >= k,
+            lambda: ops.gather(candidates, ops.topk_indices(ops.gather(magnitude, candidates), k)),
+            lambda: ops.topk_indices(magnitude, k))
+        indices = ops.cast(indices, index_dtype(n))
+        return [ops.gather(flat, indices), indices]
+
+    def decode(self, payload, ctx, ops):
+        values, indices = payload
+        return ops.scatter_add(ctx.numel, indices, values)
+
+    def payload_nbytes(self, shape, itemsize):
+        numel = numel_of(shape)
+        k = max(1, int(max(self.ratio_at(0), self.ratio) * numel))
+        return k * (itemsize + (4 if index_dtype(numel) == "int32" else 8))

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import math
+
+from grace.compressor import Compressor, numel_of, stable_seed
+from grace.validation import check_int
+
+
+class Natural(Compressor):
+    """Natural compression: each element is rounded at random to one of the two powers of two around
+    it, ``2^e <= |x| < 2^(e+1)``, up with probability ``(|x| - 2^e) / 2^e``, which is unbiased and
+    within a factor of 2 of ``|x|``. Sent: the sign (1 bit, packed) and the float32 exponent field
+    (8 bits; 0 stands for zero), 9 bits per element. Elements below the smallest normal float32 round
+    to 0 or to it. Horváth et al., "Natural Compression for Distributed Deep Learning", 2019."""
+
+    name = "natural"
+    default_communicator = "allgather"
+
+    def __init__(self, seed: int = 0):
+        self.seed = check_int("seed", seed, minimum=0)
+        self._steps: dict = {}
+
+    def params(self):
+        return {"seed": self.seed}
+
+    def encode(self, flat, name, ctx, ops):
+        x = ops.cast(flat, "float32")
+        magnitude = ops.abs(x)
+        exponent = ops.exponent_bits(magnitude)
+        normal = ops.greater_equal(exponent, 1)
+        low = ops.power_of_two(ops.maximum(exponent, 1))  # 2^e, or the smallest normal float32
+        excess = ops.where(normal, ops.sub(magnitude, low), magnitude)
+        step = ops.counter(self._steps, name)
+        uniform = ops.random_uniform(ctx.numel, lambda s: stable_seed(self.seed, name, s, ctx.rank),
+                                     step, like=flat)
+        up = ops.cast(ops.less(uniform, ops.div(excess, low)), "int32")
+        code = ops.where(normal, ops.add(exponent, up), up)
+        code = ops.minimum(code, 254)  # the largest finite exponent
+        negative = ops.cast(ops.less(x, 0.0), "int32")
+        return [ops.cast(code, "uint8"), ops.pack_bits(negative, 1)]
+
+    def decode(self, payload, ctx, ops):
+        code, packed = payload
+        code = ops.cast(code, "int32")
+        magnitude = ops.where(ops.equal(code, 0), ops.zeros(ctx.numel, "float32", like=code),
+                              ops.power_of_two(ops.maximum(code, 1)))
+        negative = ops.cast(ops.unpack_bits(packed, 1, ctx.numel), "float32")
+        sign = ops.sub(ops.full(ctx.numel, 1.0, "float32", like=code), ops.scale(negative, 2.0))
+        return ops.cast(ops.mul(magnitude, sign), ctx.dtype)
+
+    def payload_nbytes(self, shape, itemsize):
+        n = numel_of(shape)
+        return n + math.ceil(n / 8)

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import math
+
+from grace.compressor import Compressor, compute_dtype, numel_of, stable_seed
+from grace.validation import check_int
+
+
+class QSGD(Compressor):
+    """QSGD with ``levels`` = s: each element is sent as its sign and a level in 0..s, chosen by
+    stochastic rounding of ``s * |x| / ||x||_2`` (rounded up with probability equal to the
+    fraction), plus the tensor's norm. The estimate ``||x|| * sign * level / s`` is unbiased. A code
+    takes ``1 + ceil(log2(s + 1))`` bits (2 for s = 1), packed. Alistarh et al., "QSGD:
+    Communication-Efficient SGD via Gradient Quantization and Encoding", NeurIPS 2017."""
+
+    name = "qsgd"
+    default_communicator = "allgather"
+
+    def __init__(self, levels: int = 7, seed: int = 0):
+        self.levels = check_int("levels", levels, minimum=1)
+        self.seed = check_int("seed", seed, minimum=0)
+        self.bits = 1 + math.ceil(math.log2(self.levels + 1))
+        self._steps: dict = {}
+
+    def params(self):
+        return {"levels": self.levels, "seed": self.seed}
+
+    def encode(self, flat, name, ctx, ops):
+        x = ops.cast(flat, compute_dtype(ctx.dtype))
+        norm = ops.norm(x)
+        level = ops.scale(ops.div(ops.abs(x), ops.maximum(norm, 1e-30)), float(self.levels))
+        low = ops.floor(level)
+        step = ops.counter(self._steps, name)
+        uniform = ops.random_uniform(ctx.numel, lambda s: stable_seed(self.seed, name, s, ctx.rank),
+                                     step, like=flat)
+        up = ops.less(ops.cast(uniform, ops.dtype(x)), ops.sub(level, low))
+        q = ops.add(low, ops.cast(up, ops.dtype(x)))
+        negative = ops.cast(ops.less(x, 0.0), ops.dtype(x))
+        codes = ops.cast(ops.add(ops.scale(q, 2.0), negative), "int32")
+        return [ops.cast(norm, ctx.dtype), ops.pack_bits(codes, self.bits)]
+
+    def decode(self, payload, ctx, ops):
+        norm, packed = payload
+        dtype = compute_dtype(ctx.dtype)
+        codes = ops.cast(ops.unpack_bits(packed, self.bits, ctx.numel), dtype)
+        q = ops.floor(ops.scale(codes, 0.5))
+        sign = ops.sub(ops.full(ctx.numel, 1.0, dtype, like=codes),
+                       ops.scale(ops.sub(codes, ops.scale(q, 2.0)), 2.0))
+        value = ops.mul(ops.mul(q, sign), ops.scale(ops.cast(norm, dtype), 1.0 / self.levels))
+        return ops.cast(value, ctx.dtype)
+
+    def payload_nbytes(self, shape, itemsize):
+        return itemsize + math.ceil(numel_of(shape) * self.bits / 8)

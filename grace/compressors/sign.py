@@ -1,0 +1,133 @@
+"""The sign family: signSGD, signum, error-feedback signSGD and 1-bit SGD. Each sends one bit per
+element, packed eight to a byte, plus at most two scalars."""
+
+from __future__ import annotations
+
+import math
+
+from grace.compressor import Compressor, compute_dtype, numel_of
+from grace.validation import check_fraction
+
+
+def _sign_bits(x, ops):
+    """1 where x >= 0, else 0, packed."""
+    return ops.pack_bits(ops.cast(ops.greater_equal(x, 0.0), "int32"), 1)
+
+
+def _signs(packed, ctx, ops, dtype):
+    """The +1 / -1 that ``_sign_bits`` packed."""
+    bits = ops.cast(ops.unpack_bits(packed, 1, ctx.numel), dtype)
+    return ops.sub(ops.scale(bits, 2.0), ops.full(ctx.numel, 1.0, dtype, like=bits))
+
+
+def _bits_nbytes(shape):
+    return math.ceil(numel_of(shape) / 8)
+
+
+class SignSGD(Compressor):
+    """signSGD with majority vote: each worker sends the sign of each element (1 bit); the workers'
+    signs are combined by majority vote, so every worker applies ``sign(sum of signs)`` (0 on a tie).
+    Bernstein et al., "signSGD: Compressed Optimisation for Non-Convex Problems", ICML 2018, and
+    "signSGD with Majority Vote is Communication Efficient and Fault Tolerant", ICLR 2019.
+
+    The vote is returned in the units of a sum over workers (``n_workers * vote``), so that
+    ``op=Average`` applies the vote itself and ``op=Sum`` that many times."""
+
+    name = "signsgd"
+    default_communicator = "allgather"
+
+    def encode(self, flat, name, ctx, ops):
+        return [_sign_bits(flat, ops)]
+
+    def decode(self, payload, ctx, ops):
+        return ops.cast(_signs(payload[0], ctx, ops, compute_dtype(ctx.dtype)), ctx.dtype)
+
+    def aggregate(self, tensors, ops):
+        votes = super().aggregate(tensors, ops)
+        return ops.scale(ops.sign(votes), float(len(tensors)))
+
+    def payload_nbytes(self, shape, itemsize):
+        return _bits_nbytes(shape)
+
+
+class Signum(SignSGD):
+    """signum: signSGD applied to momentum. Each worker keeps, per tensor, ``m = beta * m + (1 -
+    beta) * g`` and sends ``sign(m)``; votes are combined by majority. Bernstein et al., "signSGD:
+    Compressed Optimisation for Non-Convex Problems", ICML 2018."""
+
+    name = "signum"
+
+    def __init__(self, beta: float = 0.9):
+        self.beta = check_fraction("beta", beta)
+        self.momentum: dict = {}
+
+    def params(self):
+        return {"beta": self.beta}
+
+    def encode(self, flat, name, ctx, ops):
+        momentum = ops.load(self.momentum, name, like=flat)
+        update = ops.scale(flat, 1.0 - self.beta)
+        momentum = update if momentum is None else ops.add(ops.scale(momentum, self.beta), update)
+        ops.save(self.momentum, name, momentum)
+        return [_sign_bits(momentum, ops)]
+
+    def state(self):
+        return {"momentum": self.momentum}
+
+
+class EFSignSGD(Compressor):
+    """Scaled sign for error-feedback signSGD: send ``sign(p)`` (1 bit each) and the scale
+    ``||p||_1 / d``, so the estimate is ``(||p||_1 / d) sign(p)``; its default ``efsignsgd`` memory
+    feeds back the error ``p - estimate``. Karimireddy et al., "Error Feedback Fixes SignSGD and
+    other Gradient Compression Schemes", ICML 2019."""
+
+    name = "efsignsgd"
+    default_memory = "efsignsgd"
+    default_communicator = "allgather"
+
+    def encode(self, flat, name, ctx, ops):
+        x = ops.cast(flat, compute_dtype(ctx.dtype))
+        scale = ops.scale(ops.sum(ops.abs(x)), 1.0 / ctx.numel)
+        return [ops.cast(scale, ctx.dtype), _sign_bits(x, ops)]
+
+    def decode(self, payload, ctx, ops):
+        scale, packed = payload
+        dtype = compute_dtype(ctx.dtype)
+        return ops.cast(ops.mul(_signs(packed, ctx, ops, dtype), ops.cast(scale, dtype)), ctx.dtype)
+
+    def payload_nbytes(self, shape, itemsize):
+        return itemsize + _bits_nbytes(shape)
+
+
+class OneBit(Compressor):
+    """1-bit SGD: each element is sent as one bit, whether it is >= 0, and the receiver replaces it
+    by the mean of the non-negative or of the negative elements (both sent); error feedback keeps
+    the quantization error. Seide et al., "1-Bit Stochastic Gradient Descent and its Application to
+    Data-Parallel Distributed Training of Speech DNNs", Interspeech 2014."""
+
+    name = "onebit"
+    default_memory = "residual"
+    default_communicator = "allgather"
+
+    def encode(self, flat, name, ctx, ops):
+        x = ops.cast(flat, compute_dtype(ctx.dtype))
+        dtype = ops.dtype(x)
+        positive = ops.greater_equal(x, 0.0)
+        ones = ops.cast(positive, dtype)
+        zero = ops.zeros(ctx.numel, dtype, like=x)
+        count = ops.sum(ones)
+        mean_pos = ops.div(ops.sum(ops.where(positive, x, zero)), ops.maximum(count, 1.0))
+        mean_neg = ops.div(ops.sum(ops.where(positive, zero, x)),
+                           ops.maximum(ops.sub(ops.full(1, float(ctx.numel), dtype, like=x), count), 1.0))
+        means = ops.cast(ops.concat([mean_pos, mean_neg]), ctx.dtype)
+        return [means, ops.pack_bits(ops.cast(positive, "int32"), 1)]
+
+    def decode(self, payload, ctx, ops):
+        means, packed = payload
+        positive = ops.equal(ops.unpack_bits(packed, 1, ctx.numel), 1)
+        mean_pos, mean_neg = ops.split(means, [1, 1])
+        ones = ops.full(ctx.numel, 1.0, ctx.dtype, like=means)
+        return ops.where(positive, ops.mul(ones, mean_pos), ops.mul(ones, mean_neg))
+
+    def payload_nbytes(self, shape, itemsize):
+        return 2 * itemsize + _bits_nbytes(shape)

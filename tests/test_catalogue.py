@@ -1,0 +1,361 @@
+"""The defining property of every compressor of the catalogue, on the numpy reference backend and the
+torch adapter (the TensorFlow adapter is held to agree with torch in test_cross_framework.py)."""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+import grace
+from grace.backends import InProcessGroup
+from grace.compressors import CATALOGUE
+from grace.compressors.dgc import WARMUP_RATIOS
+from grace.compressors.u8bit import TABLE
+
+BACKENDS = {"numpy": lambda a: a, "torch": torch.from_numpy}
+NAMES = sorted(cls.name for cls in CATALOGUE)
+
+
+def as_numpy(x):
+    if isinstance(x, torch.Tensor):
+        return (x.float() if x.dtype == torch.bfloat16 else x).numpy()
+    return np.asarray(x)
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def tensor(request):
+    return BACKENDS[request.param]
+
+
+def gaussian(shape, seed=0, dtype=np.float32):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def mean_of_draws(compressor, x, tensor, draws):
+    total = np.zeros(x.shape, np.float64)
+    for _ in range(draws):
+        payload, ctx = compressor.compress(tensor(x), "x")
+        total += as_numpy(compressor.decompress(payload, ctx))
+    return total / draws
+
+
+# --- unbiasedness ----------------------------------------------------------------------------------
+# Each test averages D = 2000 seeded draws of one tensor and bounds every element's error by 5
+# standard deviations of that mean, from the variance the paper proves for the scheme.
+DRAWS = 2000
+
+
+def test_qsgd_is_unbiased(tensor):
+    x = gaussian(300, 1)
+    s = 3
+    mean = mean_of_draws(grace.qsgd(s).compressor, x, tensor, DRAWS)
+    # One element: norm/s times a Bernoulli variable, variance <= (norm/s)^2 / 4.
+    bound = 5 * np.linalg.norm(x) / s / 2 / math.sqrt(DRAWS)
+    assert np.abs(mean - x).max() < bound
+
+
+def test_terngrad_is_unbiased(tensor):
+    x = gaussian(300, 2)
+    mean = mean_of_draws(grace.terngrad().compressor, x, tensor, DRAWS)
+    # One element: scale times a Bernoulli variable, variance <= scale^2 / 4.
+    bound = 5 * np.abs(x).max() / 2 / math.sqrt(DRAWS)
+    assert np.abs(mean - x).max() < bound
+
+
+def test_natural_compression_is_unbiased_and_within_a_factor_of_two(tensor):
+    x = gaussian(300, 3)
+    compressor = grace.natural().compressor
+    payload, ctx = compressor.compress(tensor(x), "x")
+    once = as_numpy(compressor.decompress(payload, ctx))
+    ratio = once / x
+    assert ((ratio >= 0.5) & (ratio <= 2.0)).all()
+    assert np.all(np.log2(np.abs(once)) == np.round(np.log2(np.abs(once))))  # powers of two
+    mean = mean_of_draws(compressor, x, tensor, DRAWS)
+    # One element: 2^e times a Bernoulli variable, 2^e <= |x|, variance <= |x|^2 / 4.
+    assert (np.abs(mean - x) < 5 * np.abs(x) / 2 / math.sqrt(DRAWS)).all()
+
+
+def test_workers_draw_independently():
+    x = gaussian(500, 4)
+    compressor = grace.qsgd(1).compressor
+    payload0, _ = compressor.compress(x, "x", rank=0)
+    payload1, _ = grace.qsgd(1).compressor.compress(x, "x", rank=1)
+    assert payload0[1].tobytes() != payload1[1].tobytes()
+
+
+# --- exactness and error bounds -------------------------------------------------------------------
+@pytest.mark.parametrize("warmup", [0, 3])
+def test_dgc_sends_exactly_the_top_k_and_warms_up(tensor, warmup):
+    pipeline = grace.dgc(0.01, warmup_steps=warmup, memory="none", sample_ratio=0.05)
+    compressor = pipeline.compressor
+    x = gaussian(20_000, 5)
+    expected_ratios = ([0.25] * 3 + [0.0625] * 3 + [0.015625] * 3 + [0.01] * 3) if warmup else [0.01] * 12
+    for step, ratio in enumerate(expected_ratios):
+        assert compressor.ratio_at(step) == ratio
+        payload, ctx = compressor.compress(tensor(x * (1 + step)), "w")
+        values, indices = (as_numpy(p) for p in payload)
+        k = int(ratio * x.size)
+        assert values.shape == (k,) and len(set(indices.tolist())) == k
+        assert set(indices.tolist()) == set(np.argsort(-np.abs(x))[:k].tolist())
+    assert WARMUP_RATIOS == (0.25, 0.0625, 0.015625, 0.004, 0.001)
+
+
+def test_dgc_memory_momentum_correction_and_masking():
+    pipeline = grace.dgc(0.25, momentum=0.5)
+    memory, compressor = pipeline.memory, pipeline.compressor
+    from grace.backends import NumpyOps
+    ops = NumpyOps()
+    g1 = np.array([4.0, 1.0, -2.0, 0.5], np.float32)
+    v = memory.compensate(g1, "w", ops)             # u = g1, v = u
+    np.testing.assert_array_equal(v, g1)
+    payload, ctx = compressor.compress(v, "w", ops)  # k = 1: sends 4.0
+    memory.update(v, "w", compressor, payload, ctx, ops)
+    np.testing.assert_array_equal(memory.residuals["w"], [0.0, 1.0, -2.0, 0.5])
+    np.testing.assert_array_equal(memory.velocities["w"], [0.0, 1.0, -2.0, 0.5])  # masked at 0
+    g2 = np.array([1.0, 1.0, 1.0, 1.0], np.float32)
+    v = memory.compensate(g2, "w", ops)             # u = 0.5 u + g2; v = v + u
+    np.testing.assert_array_equal(memory.velocities["w"], [1.0, 1.5, 0.0, 1.25])
+    np.testing.assert_array_equal(v, [1.0, 2.5, -2.0, 1.75])
+
+
+def test_dgc_local_gradient_clipping():
+    from grace.backends import NumpyOps
+    memory = grace.dgc(0.5, clip_norm=1.0).memory
+    v = memory.compensate(np.array([3.0, 4.0], np.float32), "w", NumpyOps())
+    np.testing.assert_allclose(v, [0.6, 0.8], rtol=1e-6)
+
+
+def test_u8bit_relative_error_bound(tensor):
+    x = gaussian(5000, 6)
+    compressor = grace.u8bit().compressor
+    payload, ctx = compressor.compress(tensor(x), "x")
+    assert as_numpy(payload[1]).dtype == np.uint8 and as_numpy(payload[1]).size == x.size
+    out = as_numpy(compressor.decompress(payload, ctx))
+    scale = np.abs(x).max()
+    representable = np.abs(x) >= TABLE[1] * scale
+    relative = np.abs(out - x)[representable] / np.abs(x)[representable]
+    assert relative.max() <= 2 ** (1 / 16) - 1 + 1e-6
+    assert np.abs(out - x)[~representable].max(initial=0) <= TABLE[1] * scale
+    assert np.abs(out).max() == pytest.approx(scale)
+
+
+def test_sketch_error_within_bucket_width(tensor):
+    x = gaussian(4096, 7)
+    compressor = grace.sketch(16).compressor
+    payload, ctx = compressor.compress(tensor(x), "x")
+    out = as_numpy(compressor.decompress(payload, ctx))
+    assert len(np.unique(out)) <= 16
+    ordered = np.sort(x)
+    edges = ordered[[(i * x.size) // 16 for i in range(16)] + [x.size - 1]]
+    width = np.diff(edges).max()
+    assert np.abs(out - x)[np.abs(x) < 1.5].max() <= width + 1e-6  # inner buckets
+    assert abs(out.mean() - x.mean()) < 1e-5  # bucket means preserve the sum
+
+
+def test_inceptionn_error_bound_and_classes(tensor):
+    x = np.concatenate([gaussian(1000, 8) * 1e-4, gaussian(1000, 9) * 0.05, gaussian(1000, 10) * 5,
+                        np.array([100.0, -300.0], np.float32)])
+    bound = 2.0**-10
+    compressor = grace.inceptionn(bound).compressor
+    payload, ctx = compressor.compress(tensor(x), "x")
+    tags, small, medium, large = (as_numpy(p) for p in payload)
+    out = as_numpy(compressor.decompress(payload, ctx))
+    assert np.abs(out - x).max() <= bound / 2 + 1e-7
+    assert small.dtype == np.int8 and medium.dtype == np.int16 and large.size == 2
+    np.testing.assert_array_equal(out[-2:], x[-2:])  # 32-bit class is exact
+    assert sum(p.nbytes for p in (tags, small, medium, large)) < x.nbytes
+
+
+def test_threshold_sends_what_passes_and_falls_back_to_dense(tensor):
+    x = gaussian(1000, 11)
+    compressor = grace.threshold(2.0).compressor
+    payload, ctx = compressor.compress(tensor(x), "x")
+    values, indices = (as_numpy(p) for p in payload)
+    np.testing.assert_array_equal(np.sort(indices), np.flatnonzero(np.abs(x) >= 2.0))
+    np.testing.assert_array_equal(as_numpy(compressor.decompress(payload, ctx)),
+                                  np.where(np.abs(x) >= 2.0, x, 0))
+    dense_payload, ctx = grace.threshold(0.001).compressor.compress(tensor(x), "x")
+    assert sum(as_numpy(p).nbytes for p in dense_payload) == x.nbytes
+    np.testing.assert_array_equal(as_numpy(compressor.decompress(dense_payload, ctx)), x)
+
+
+def test_onebit_sends_signs_and_two_means(tensor):
+    x = gaussian(999, 12)
+    compressor = grace.onebit().compressor
+    payload, ctx = compressor.compress(tensor(x), "x")
+    out = as_numpy(compressor.decompress(payload, ctx))
+    np.testing.assert_allclose(out[x >= 0], x[x >= 0].mean(), rtol=1e-5)
+    np.testing.assert_allclose(out[x < 0], x[x < 0].mean(), rtol=1e-5)
+
+
+def test_efsignsgd_scaled_sign(tensor):
+    x = gaussian(1001, 13)
+    compressor = grace.efsignsgd().compressor
+    out = as_numpy(compressor.decompress(*compressor.compress(tensor(x), "x")))
+    np.testing.assert_allclose(out, np.where(x >= 0, 1, -1) * np.abs(x).mean(), rtol=1e-5)
+
+
+def test_signsgd_majority_vote():
+    grads = [np.array([1.0, -1.0, 2.0, -3.0, 0.5], np.float32),
+             np.array([1.0, 1.0, -2.0, -3.0, -0.5], np.float32),
+             np.array([-1.0, 1.0, -2.0, 3.0, 0.5], np.float32)]
+    group = InProcessGroup(3)
+    pipelines = [grace.signsgd(min_numel=0) for _ in range(3)]
+    pending = [p.start(g, "w", group.worker(r)) for r, (p, g) in enumerate(zip(pipelines, grads))]
+    results = [p.finish(pd, group.worker(r), 1 / 3) for r, (p, pd) in enumerate(zip(pipelines, pending))]
+    for out in results:
+        np.testing.assert_array_equal(out, [1.0, 1.0, -1.0, -1.0, 1.0])
+
+
+def test_signum_votes_on_momentum():
+    compressor = grace.signum(beta=0.5).compressor
+    from grace.backends import NumpyOps
+    ops = NumpyOps()
+    compressor.compress(np.array([1.0, -1.0], np.float32), "w", ops)
+    payload, ctx = compressor.compress(np.array([-0.4, -0.4], np.float32), "w", ops)
+    # m = 0.5 * (0.5 * [1, -1]) + 0.5 * [-0.4, -0.4] = [0.05, -0.45]
+    np.testing.assert_array_equal(compressor.decompress(payload, ctx, ops), [1.0, -1.0])
+
+
+def test_powersgd_reconstructs_a_matrix_of_its_rank(tensor):
+    rng = np.random.default_rng(14)
+    m = (rng.standard_normal((60, 2)) @ rng.standard_normal((2, 45))).astype(np.float32)
+    pipeline = grace.powersgd(rank=2, memory="none", min_numel=0)
+    out = as_numpy(pipeline.reduce(tensor(m), "w", InProcessGroup(1).worker(0)))
+    assert np.linalg.norm(out - m) / np.linalg.norm(m) < 1e-5
+    assert pipeline.stats()["bytes_sent"] == (60 + 45) * 2 * 4
+
+
+def test_powersgd_converges_to_the_best_rank_r_approximation():
+    rng = np.random.default_rng(15)
+    u, _ = np.linalg.qr(rng.standard_normal((50, 4)))
+    v, _ = np.linalg.qr(rng.standard_normal((40, 4)))
+    m = (u * [10.0, 5.0, 1.0, 0.5]) @ v.T
+    best = np.linalg.norm([1.0, 0.5])  # the error of the best rank-2 approximation
+    pipeline = grace.powersgd(rank=2, memory="none", min_numel=0)
+    group = InProcessGroup(1)
+    for _ in range(10):  # warm-started power iteration, one step per call
+        out = pipeline.reduce(m, "w", group.worker(0))
+    assert np.linalg.norm(out - m) <= best * 1.001
+
+
+def test_powersgd_over_workers_equals_rank_r_of_the_average():
+    rng = np.random.default_rng(16)
+    base = rng.standard_normal((30, 2)) @ rng.standard_normal((2, 20))
+    grads = [(base * (r + 1)).astype(np.float64) for r in range(3)]
+    group = InProcessGroup(3)
+    pipelines = [grace.powersgd(rank=2, memory="none", min_numel=0) for _ in range(3)]
+    # Two rounds: the second is computed from the first's sum, so workers run concurrently.
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda r: pipelines[r].reduce(grads[r], "w", group.worker(r), 1 / 3),
+                                range(3)))
+    for out in results:
+        np.testing.assert_allclose(out, base * 2, atol=1e-9)
+
+
+def test_powersgd_leaves_vectors_dense():
+    assert not grace.powersgd().compresses((5000,), "float32", grace.ops_for(np.zeros(1)))
+    assert grace.powersgd().compresses((100, 50), "float32", grace.ops_for(np.zeros(1)))
+
+
+# --- bits on the wire -----------------------------------------------------------------------------
+@pytest.mark.parametrize("numel", [8, 1001, 4099])  # ragged tails
+def test_bit_counts_of_payloads(tensor, numel):
+    x = gaussian(numel, 17)
+    def nbytes(pipeline):
+        return [as_numpy(p).nbytes for p in pipeline.compressor.compress(tensor(x), "x")[0]]
+    assert nbytes(grace.signsgd()) == [math.ceil(numel / 8)]
+    assert nbytes(grace.signum()) == [math.ceil(numel / 8)]
+    assert nbytes(grace.efsignsgd()) == [4, math.ceil(numel / 8)]
+    assert nbytes(grace.onebit()) == [8, math.ceil(numel / 8)]
+    assert nbytes(grace.terngrad()) == [4, math.ceil(numel * 2 / 8)]
+    assert nbytes(grace.qsgd(1)) == [4, math.ceil(numel * 2 / 8)]   # s = 1: 2 bits
+    assert nbytes(grace.qsgd(3)) == [4, math.ceil(numel * 3 / 8)]   # 1 + ceil(log2 4)
+    assert nbytes(grace.qsgd(127)) == [4, numel]                     # 1 + 7 bits
+    assert nbytes(grace.natural()) == [numel, math.ceil(numel / 8)]  # 8 + 1 bits
+    assert nbytes(grace.u8bit()) == [4, numel]
+    assert nbytes(grace.sketch(64)) == [64 * 4, numel]
+    k = max(1, int(0.01 * numel))
+    assert nbytes(grace.topk(0.01)) == [4 * k, 4 * k]                # int32 indices
+    assert nbytes(grace.randomk(0.01)) == [4 * k]
+    assert nbytes(grace.fp16()) == [2 * numel]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stats_equal_the_bytes_that_went_into_the_collectives(name):
+    x = gaussian((40, 60), 18)
+    if name == "bf16":  # the numpy reference backend has no bfloat16
+        x = torch.from_numpy(x)
+    group = InProcessGroup(1)
+    pipeline = grace.build(name, min_numel=0)
+    sent = []
+    worker = group.worker(0)
+
+    def nbytes(t):
+        return grace.ops_for(t).nbytes(t)
+
+    class Counting:
+        size, rank = 1, 0
+
+        def allreduce_async(self, t, n):
+            sent.append(nbytes(t))
+            return worker.allreduce_async(t, n)
+
+        def allgather_async(self, t, n):
+            sent.append(nbytes(t))
+            return worker.allgather_async(t, n)
+
+        def broadcast_async(self, t, root, n):
+            sent.append(nbytes(t))
+            return worker.broadcast_async(t, root, n)
+
+        def synchronize(self, h):
+            return worker.synchronize(h)
+
+    for _ in range(2):
+        pipeline.reduce(x, "w", Counting())
+    assert pipeline.stats()["bytes_sent"] == sum(sent)
+    assert pipeline.stats()["bytes_dense"] == 2 * nbytes(x)
+    if name not in ("none", "threshold"):
+        assert sum(sent) < 2 * nbytes(x)
+
+
+# --- dtypes ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_mixed_precision_comes_back_in_its_own_dtype(name, dtype):
+    x = torch.from_numpy(gaussian((32, 40), 19)).to(dtype)
+    pipeline = grace.build(name, min_numel=0)
+    out = pipeline.reduce(x, "w", InProcessGroup(1).worker(0))
+    assert out.dtype == dtype and out.shape == x.shape
+    assert torch.isfinite(out).all()
+
+
+# --- error feedback ------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["topk", "randomk", "threshold", "onebit", "efsignsgd", "adaq"])
+def test_error_feedback_invariant(tensor, name):
+    pipeline = grace.build(name, min_numel=0)
+    memory, compressor = pipeline.memory, pipeline.compressor
+    ops = grace.ops_for(tensor(np.zeros(1, np.float32)))
+    previous = np.zeros((30, 20), np.float32)
+    for step in range(3):
+        g = gaussian((30, 20), 20 + step)
+        compensated = memory.compensate(tensor(g), "w", ops)
+        payload, ctx = compressor.compress(compensated, "w", ops)
+        memory.update(compensated, "w", compressor, payload, ctx, ops)
+        sent = as_numpy(compressor.decompress(payload, ctx, ops))
+        residual = as_numpy(memory.residuals["w"])
+        np.testing.assert_allclose(sent + residual, g + previous, rtol=0, atol=1e-5)
+        previous = residual
+
+
+def test_powersgd_error_feedback_keeps_what_the_local_approximation_leaves_out():
+    rng = np.random.default_rng(21)
+    g = rng.standard_normal((30, 20)).astype(np.float32)
+    pipeline = grace.powersgd(rank=1, min_numel=0)
+    out = pipeline.reduce(g, "w", InProcessGroup(1).worker(0))
+    np.testing.assert_allclose(out + pipeline.memory.residuals["w"], g, atol=1e-5)
