@@ -56,8 +56,9 @@ class Ops(ABC):
     def itemsize(self, dtype: str) -> int:
         """Bytes per element of ``dtype``."""
 
-    def nbytes(self, x: Tensor) -> int:
-        return self.numel(x) * self.itemsize(self.dtype(x))
+    def nbytes(self, x: Tensor) -> Any:
+        """Bytes of ``x``'s elements (a scalar tensor where the size is only known at run time)."""
+        return self.size(x) * self.itemsize(self.dtype(x))
 
     # --- construction and layout ---------------------------------------------------------------
     @abstractmethod
@@ -84,8 +85,8 @@ class Ops(ABC):
         """1-d tensors joined end to end."""
 
     @abstractmethod
-    def split(self, x: Tensor, sizes: Sequence[int]) -> list[Tensor]:
-        """A 1-d tensor cut into consecutive pieces of the given sizes."""
+    def split(self, x: Tensor, sizes: Sequence[int] | Tensor) -> list[Tensor]:
+        """A 1-d tensor cut into consecutive pieces of the given sizes (ints, or a 1-d tensor)."""
 
     # --- arithmetic ----------------------------------------------------------------------------
     @abstractmethod
@@ -130,6 +131,10 @@ class Ops(ABC):
         """The element count; unlike ``numel`` it may be a scalar tensor (a payload whose length is
         only known when a traced graph runs)."""
         return self.numel(x)
+
+    def lengths(self, tensors: Sequence[Tensor]) -> Tensor:
+        """The tensors' element counts as a 1-d int32 tensor (on the first one's device)."""
+        return self.constant([self.size(t) for t in tensors], "int32", like=tensors[0])
 
     @abstractmethod
     def full(self, n: int, value: float, dtype: str, like: Tensor) -> Tensor: ...

@@ -6,6 +6,7 @@ graph runs (Horovod overlaps them there). ``synchronize`` therefore returns the 
 from __future__ import annotations
 
 import horovod.tensorflow as hvd
+import tensorflow as tf
 from horovod.tensorflow.mpi_ops import _allreduce, allgather, broadcast
 
 
@@ -25,16 +26,24 @@ class HorovodCollectives:
         return _allreduce(tensor, name=_op_name(name), op=hvd.Sum, ignore_name_scope=True,
                           process_set=self.process_set)
 
+    # Horovod 0.28.1 has no bfloat16 ops: gathers and broadcasts carry such tensors as their bits.
     def allgather_async(self, tensor, name):
-        return allgather(tensor, name=_op_name(name), ignore_name_scope=True,
-                         process_set=self.process_set)
+        return _bits_in(tensor, lambda t: allgather(t, name=_op_name(name), ignore_name_scope=True,
+                                                    process_set=self.process_set))
 
     def broadcast_async(self, tensor, root, name):
-        return broadcast(tensor, root, name=_op_name(name), ignore_name_scope=True,
-                         process_set=self.process_set)
+        return _bits_in(tensor, lambda t: broadcast(t, root, name=_op_name(name),
+                                                    ignore_name_scope=True,
+                                                    process_set=self.process_set))
 
     def synchronize(self, handle):
         return handle
+
+
+def _bits_in(tensor, run):
+    if tensor.dtype == tf.bfloat16:
+        return tf.bitcast(run(tf.bitcast(tensor, tf.int16)), tf.bfloat16)
+    return run(tensor)
 
 
 def _op_name(name: str) -> str:

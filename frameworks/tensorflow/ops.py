@@ -45,7 +45,10 @@ class TensorFlowOps(Ops):
         return tf.concat([tf.reshape(x, [-1]) for x in xs], 0)
 
     def split(self, x, sizes):
-        return tf.split(x, list(sizes))
+        return tf.split(x, sizes if isinstance(sizes, tf.Tensor) else list(sizes))
+
+    def lengths(self, tensors):
+        return tf.stack([tf.size(t, out_type=tf.int32) for t in tensors])
 
     def add(self, a, b):
         return tf.add(a, b)
@@ -62,8 +65,9 @@ class TensorFlowOps(Ops):
         return tf.abs(x)
 
     def topk_indices(self, x, k):
-        n = self.numel(x)
-        return tf.math.top_k(tf.abs(x), k, sorted=False, index_type=index_dtype(n)).indices
+        n = x.shape.num_elements()  # None for a selection whose size is known only at run time
+        return tf.math.top_k(tf.abs(x), k, sorted=False,
+                             index_type=index_dtype(n) if n is not None else "int32").indices
 
     def gather(self, x, indices):
         return tf.gather(x, indices)
@@ -207,6 +211,7 @@ class TensorFlowOps(Ops):
     def counter(self, store, key, increment=1):
         if key not in store:
             store[key] = tf.Variable(0, dtype=tf.int64, trainable=False, name=_variable_name(key))
+        increment = tf.cast(increment, tf.int64)
         return store[key].assign_add(increment) - increment
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import horovod.torch as hvd
+import torch
 
 
 class HorovodCollectives:
@@ -22,11 +23,26 @@ class HorovodCollectives:
     def allreduce_async(self, tensor, name):
         return hvd.allreduce_async(tensor, name=name, op=hvd.Sum, process_set=self.process_set)
 
+    # Horovod 0.28.1 has no bfloat16 ops: gathers and broadcasts carry such tensors as their bits.
     def allgather_async(self, tensor, name):
-        return hvd.allgather_async(tensor, name=name, process_set=self.process_set)
+        return _bits_in(tensor, lambda t: hvd.allgather_async(t, name=name, process_set=self.process_set))
 
     def broadcast_async(self, tensor, root, name):
-        return hvd.broadcast_async(tensor, root_rank=root, name=name, process_set=self.process_set)
+        return _bits_in(tensor, lambda t: hvd.broadcast_async(t, root_rank=root, name=name,
+                                                              process_set=self.process_set))
 
     def synchronize(self, handle):
+        if isinstance(handle, _AsBits):
+            return hvd.synchronize(handle.handle).view(torch.bfloat16)
         return hvd.synchronize(handle)
+
+
+class _AsBits:
+    def __init__(self, handle):
+        self.handle = handle
+
+
+def _bits_in(tensor, start):
+    if tensor.dtype == torch.bfloat16:
+        return _AsBits(start(tensor.view(torch.int16)))
+    return start(tensor)

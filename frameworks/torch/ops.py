@@ -49,7 +49,8 @@ class TorchOps(Ops):
         return torch.cat([x.reshape(-1) for x in xs])
 
     def split(self, x, sizes):
-        return list(torch.split(x, list(sizes)))
+        sizes = sizes.tolist() if isinstance(sizes, torch.Tensor) else [int(n) for n in sizes]
+        return list(torch.split(x, sizes))
 
     def add(self, a, b):
         return a + b

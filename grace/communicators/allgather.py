@@ -18,11 +18,8 @@ class Allgather(Communicator):
         handles = [group.allgather_async(t, f"{name}.{i}") for i, t in enumerate(payload)]
         lengths = None
         if not self._fixed_size:
-            import numpy as np
-
-            counts = np.array([ops.numel(t) for t in payload], dtype=np.int32)
-            lengths = group.allgather_async(ops.from_numpy(counts, payload[0]), f"{name}.lengths")
-        return handles, lengths, [ops.numel(t) for t in payload]
+            lengths = group.allgather_async(ops.lengths(payload), f"{name}.lengths")
+        return handles, lengths, [ops.size(t) for t in payload]
 
     def finish(self, handle, group, ops):
         handles, lengths, own_sizes = handle
@@ -30,9 +27,11 @@ class Allgather(Communicator):
         gathered = [group.synchronize(h) for h in handles]
         if lengths is None:  # every worker's payload has this worker's sizes
             per_worker = [[n] * group.size for n in own_sizes]
-        else:
-            table = ops.to_numpy(group.synchronize(lengths)).reshape(group.size, parts)
-            per_worker = [[int(n) for n in table[:, i]] for i in range(parts)]
+        else:  # row r of the gathered table holds worker r's lengths
+            table = group.synchronize(lengths)
+            per_worker = [ops.gather(table, ops.constant([r * parts + i for r in range(group.size)],
+                                                         "int32", like=table))
+                          for i in range(parts)]
         pieces = [ops.split(g, sizes) for g, sizes in zip(gathered, per_worker)]
         return [[pieces[i][r] for i in range(parts)] for r in range(group.size)]
 

@@ -29,8 +29,13 @@ class FP16(Compressor):
 class BF16(FP16):
     """bfloat16: each element is cast to bfloat16 for the wire (float32's 8-bit exponent, 7-bit
     mantissa), so nothing overflows that float32 can hold; precision drops to about 3 significant
-    digits. Kalamkar et al., "A Study of BFLOAT16 for Deep Learning Training", 2019. The numpy
-    reference backend has no bfloat16: use torch or TensorFlow tensors."""
+    digits. Kalamkar et al., "A Study of BFLOAT16 for Deep Learning Training", 2019.
+
+    Horovod 0.28.1 cannot reduce bfloat16 tensors, so the payloads are gathered (carried bit for bit)
+    and summed after decompression: bytes per worker grow with the number of workers, unlike
+    ``fp16``. The numpy reference backend has no bfloat16: use torch or TensorFlow tensors."""
 
     name = "bf16"
     wire_dtype = "bfloat16"
+    summable = False
+    default_communicator = "allgather"

@@ -17,7 +17,7 @@ import horovod.tensorflow as hvd  # noqa: E402
 import horovod.tensorflow.keras as hvd_keras  # noqa: E402
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from common import BATCH, LR, batch, init_weights  # noqa: E402
+from common import BATCH, CATALOGUE_LR, LR, batch, init_weights  # noqa: E402
 
 import grace  # noqa: E402
 from frameworks.tensorflow.keras import BroadcastGlobalVariablesCallback  # noqa: E402
@@ -49,7 +49,7 @@ def loss_of(w, b, x, y):
     return tf.reduce_mean(tf.square(tf.matmul(x, w, transpose_b=True) + b - y))
 
 
-def tape_training(name, compression, use_function):
+def tape_training(name, compression, use_function, lr=LR):
     w, b = variables()
     traces = []
 
@@ -59,8 +59,8 @@ def tape_training(name, compression, use_function):
             loss = loss_of(w, b, x, y)
         tape = hvd.DistributedGradientTape(tape, compression=compression)
         gw, gb = tape.gradient(loss, [w, b])
-        w.assign_sub(LR * gw)
-        b.assign_sub(LR * gb)
+        w.assign_sub(lr * gw)
+        b.assign_sub(lr * gb)
 
     run = tf.function(step) if use_function else step
     for s in range(args.steps):
@@ -104,5 +104,9 @@ scenarios = {
     "keras_topk": lambda: keras_fit("keras_topk", grace.topk(0.05)),
     "keras_horovod_none": lambda: keras_fit("keras_horovod_none", hvd.Compression.none, False),
 }
+for compressor in grace.available():  # every compressor, traced once in tf.function
+    scenarios[f"catalogue_{compressor}"] = (
+        lambda c=compressor: tape_training(f"catalogue_{c}", grace.build(c, min_numel=0), True,
+                                           CATALOGUE_LR.get(c, LR)))
 for name in (list(scenarios) if args.scenarios == "all" else args.scenarios.split(",")):
     scenarios[name]()

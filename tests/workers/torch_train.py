@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import LR, batch, init_weights  # noqa: E402
+from common import CATALOGUE_LR, LR, batch, init_weights  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("outdir")
@@ -47,10 +47,10 @@ def model_and_data(seed=0):
 
 
 def train(name, make_compression, steps=args.steps, op=None, passes=1, optimizer="sgd",
-          clip=None, broadcast=False, seed=0):
+          clip=None, broadcast=False, seed=0, lr=LR):
     model = model_and_data(seed + (rank if broadcast else 0))
     if optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
     else:
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
     kwargs = {"named_parameters": model.named_parameters(), "compression": make_compression(),
@@ -102,6 +102,12 @@ else:
         "hvd_fp16": lambda: train("hvd_fp16", lambda: hvd.Compression.fp16),
         "hvd_none": lambda: train("hvd_none", lambda: hvd.Compression.none),
     }
+    # Every compressor of the catalogue, with its defaults (sign methods move each weight by the
+    # learning rate itself, so they take a smaller one).
+    for compressor in grace.available():
+        scenarios[f"catalogue_{compressor}"] = (
+            lambda c=compressor: train(f"catalogue_{c}", lambda: grace.build(c, min_numel=0),
+                                       lr=CATALOGUE_LR.get(c, LR)))
 chosen = list(scenarios) if args.scenarios == "all" else args.scenarios.split(",")
 for name in chosen:
     scenarios[name]()
