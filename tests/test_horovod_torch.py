@@ -86,6 +86,10 @@ def test_backward_passes_per_step(gloo_run):
     check(gloo_run, "none_passes2", reference.simulate(passes=2))
 
 
+def test_groups_start_a_group_together(gloo_run):
+    check(gloo_run, "topk_groups", reference.simulate(reference.topk_with_residual(0.05)))
+
+
 def test_synchronize_then_clip_then_skip_synchronize(gloo_run):
     check(gloo_run, "topk_clip", reference.simulate(reference.topk_with_residual(0.05), clip=0.05))
 

@@ -47,7 +47,7 @@ def model_and_data(seed=0):
 
 
 def train(name, make_compression, steps=args.steps, op=None, passes=1, optimizer="sgd",
-          clip=None, broadcast=False, seed=0, lr=LR):
+          clip=None, broadcast=False, seed=0, lr=LR, groups=None):
     model = model_and_data(seed + (rank if broadcast else 0))
     if optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -57,6 +57,8 @@ def train(name, make_compression, steps=args.steps, op=None, passes=1, optimizer
               "backward_passes_per_step": passes}
     if op is not None:
         kwargs["op"] = op
+    if groups is not None:
+        kwargs["groups"] = groups
     opt = hvd.DistributedOptimizer(opt, **kwargs)
     info = {"class_module": type(opt).__module__,
             "grace": type(opt).__dict__.get("compression_stats") is not None}
@@ -97,6 +99,7 @@ else:
         "fp16": lambda: train("fp16", lambda: grace.fp16()),
         "none_passes2": lambda: train("none_passes2", lambda: grace.none(), passes=2),
         "topk_clip": lambda: train("topk_clip", lambda: grace.topk(0.05), clip=0.05),
+        "topk_groups": lambda: train("topk_groups", lambda: grace.topk(0.05), groups=1),
         "none_adam_broadcast": lambda: train("none_adam_broadcast", lambda: grace.none(),
                                              optimizer="adam", broadcast=True),
         "hvd_fp16": lambda: train("hvd_fp16", lambda: hvd.Compression.fp16),
