@@ -111,9 +111,10 @@ class Compressor(ABC):
     def after_aggregate(self, aggregated: Payload, ctx: Context, ops: Ops) -> None:
         """Called with the last round's payload summed over workers (e.g. to keep a warm start)."""
 
-    def state(self) -> dict[str, Any]:
-        """Per-tensor state this compressor keeps between steps (e.g. seeds' step counters)."""
-        return {}
+    def state(self) -> dict[str, dict]:
+        """The state this compressor keeps between steps (step counters of its seeds, momenta, warm
+        starts): its dict attributes, each keyed by tensor name."""
+        return {k: v for k, v in vars(self).items() if isinstance(v, dict)}
 
     def __repr__(self) -> str:
         params = ", ".join(f"{k}={v!r}" for k, v in self.params().items())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from grace.compressor import Compressor, Context, Payload
 from grace.ops import Ops, Tensor
@@ -25,9 +25,10 @@ class Memory(ABC):
     def update(self, compensated: Tensor, name: str, compressor: Compressor, payload: Payload,
                ctx: Context, ops: Ops) -> None: ...
 
-    def state(self) -> dict[str, Any]:
-        """The per-tensor state, keyed by tensor name."""
-        return {}
+    def state(self) -> dict[str, dict]:
+        """The state kept between steps: this memory's dict attributes, each keyed by tensor
+        name."""
+        return {k: v for k, v in vars(self).items() if isinstance(v, dict)}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -30,6 +30,27 @@ class Pending:
     compensated: Tensor | None = None
 
 
+def _copy(value: Any) -> Any:
+    if hasattr(value, "clone"):  # torch
+        return value.clone()
+    if hasattr(value, "assign"):  # a TensorFlow variable
+        return value.numpy()
+    return ops_for(value).copy(value) if hasattr(value, "shape") else value
+
+
+def _copy_stores(stores: dict[str, dict]) -> dict[str, dict]:
+    return {attr: {name: _copy(v) for name, v in entries.items()} for attr, entries in stores.items()}
+
+
+def _restore(store: dict, key: str, value: Any, ops: Ops | None) -> None:
+    if ops is not None:
+        ops.save(store, key, value)
+    elif hasattr(store.get(key), "assign"):
+        store[key].assign(value)
+    else:
+        store[key] = _copy(value)
+
+
 def _sum_payloads(payloads: list, ops: Ops) -> list:
     """Per-worker payloads added component by component (a single one is returned as it is)."""
     total = list(payloads[0])
@@ -144,6 +165,30 @@ class Pipeline:
     def reduce(self, tensor: Tensor, name: str, group: Collectives, scale: float = 1.0) -> Tensor:
         """``start`` and ``finish`` in one call."""
         return self.finish(self.start(tensor, name, group), group, scale)
+
+    # --- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """This worker's compression state (residuals, momenta, warm starts, step counters) and
+        byte counts: copies, as tensors of the framework that made them (numpy arrays for
+        TensorFlow variables). Each worker's state is its own: save it per worker."""
+        return {"config": repr(self),
+                "compressor": _copy_stores(self.compressor.state()),
+                "memory": _copy_stores(self.memory.state()),
+                "stats": _copy_stores({"counters": self._counters})["counters"]}
+
+    def load_state_dict(self, state: dict[str, Any], ops: Ops | None = None) -> None:
+        """Continue from ``state_dict()``'s result. ``ops`` is the adapter to hold the values (needed
+        for TensorFlow, whose state lives in variables; others keep the values as given)."""
+        if state.get("config") != repr(self):
+            raise ValueError(f"this compression state was saved by {state.get('config')}, not by "
+                             f"{self!r}: build the same pipeline before loading it")
+        for part, owner in (("compressor", self.compressor), ("memory", self.memory)):
+            stores = owner.state()
+            for attr, entries in state[part].items():
+                for name, value in entries.items():
+                    _restore(stores[attr], name, value, ops)
+        for key, value in state["stats"].items():
+            _restore(self._counters, key, value, ops)
 
     # --- accounting ----------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:

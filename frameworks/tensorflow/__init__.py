@@ -14,6 +14,7 @@ _EXPORTS = {
     "DistributedGradientTape": "frameworks.tensorflow.tape",
     "DistributedOptimizer": "frameworks.tensorflow.tape",
     "make_reduce_grads": "frameworks.tensorflow.reduce",
+    "CompressionState": "frameworks.tensorflow.checkpoint",
 }
 
 __all__ = [*_EXPORTS, "keras"]

@@ -70,13 +70,24 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = passes
 
-    def load_state_dict(self, *args, **kwargs):
+    def state_dict(self):
+        """The wrapped optimizer's state, and under ``"grace"`` this worker's compression state
+        (residuals, momenta, warm starts, step counters): save it per worker."""
+        state = super(self.__class__, self).state_dict()
+        state["grace"] = self._pipeline.state_dict()
+        return state
+
+    def load_state_dict(self, state_dict):
         self._handles = {}
         self._synchronized = False
         self._should_synchronize = True
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
-        super(self.__class__, self).load_state_dict(*args, **kwargs)
+        state_dict = dict(state_dict)
+        compression = state_dict.pop("grace", None)
+        super(self.__class__, self).load_state_dict(state_dict)
+        if compression is not None:
+            self._pipeline.load_state_dict(compression)
 
     # --- communication -------------------------------------------------------------------------
     def _start(self, p):

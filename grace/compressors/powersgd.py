@@ -67,6 +67,3 @@ class PowerSGD(Compressor):
         dtype = compute_dtype(ctx.dtype)
         q = ops.reshape(ops.cast(payload[0], dtype), (m, r))
         return ops.cast(ops.flatten(ops.matmul(ctx.data["p"], q, transpose_b=True)), ctx.dtype)
-
-    def state(self):
-        return {"q": self.q}

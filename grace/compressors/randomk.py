@@ -49,6 +49,3 @@ class RandomK(Compressor):
 
     def payload_nbytes(self, shape, itemsize):
         return self.k(numel_of(shape)) * itemsize
-
-    def state(self):
-        return {"steps": self._steps}

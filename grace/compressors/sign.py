@@ -71,9 +71,6 @@ class Signum(SignSGD):
         ops.save(self.momentum, name, momentum)
         return [_sign_bits(momentum, ops)]
 
-    def state(self):
-        return {"momentum": self.momentum}
-
 
 class EFSignSGD(Compressor):
     """Scaled sign for error-feedback signSGD: send ``sign(p)`` (1 bit each) and the scale

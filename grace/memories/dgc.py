@@ -40,8 +40,5 @@ class DGCMemory(Memory):
         ops.save(self.residuals, name, ops.where(kept, compensated, zeros))
         ops.save(self.velocities, name, ops.where(kept, ops.load(self.velocities, name, like=sent), zeros))
 
-    def state(self):
-        return {"velocities": self.velocities, "residuals": self.residuals}
-
     def __repr__(self):
         return f"DGCMemory(momentum={self.momentum}, clip_norm={self.clip_norm})"

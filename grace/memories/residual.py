@@ -22,9 +22,6 @@ class ResidualMemory(Memory):
     def update(self, compensated, name, compressor, payload, ctx, ops):
         ops.save(self.residuals, name, ops.sub(compensated, compressor.decompress(payload, ctx, ops)))
 
-    def state(self):
-        return {"residuals": self.residuals}
-
 
 class EFSignSGDMemory(ResidualMemory):
     """Error feedback as EF-signSGD states it, ``p = g + e``, ``e = p - C(p)``, with the learning

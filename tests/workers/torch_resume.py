@@ -1,0 +1,84 @@
+"""Worker for tests/test_reliability.py: PyTorch training checkpointed and resumed.
+
+    horovodrun -np 2 python tests/workers/torch_resume.py OUTDIR PHASE
+
+PHASE: ``full`` trains 10 steps; ``first`` trains 5 and saves each rank's checkpoint; ``second``
+loads it in a new process and trains steps 5..9 (``without_state``: the same without the compression
+state); ``elastic`` trains 5, saves a
+``hvd.elastic.TorchState``, trains 3 more, restores the state and trains steps 5..9."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import horovod.torch as hvd  # noqa: E402
+import torch  # noqa: E402
+from common import LR, batch, init_weights  # noqa: E402
+
+import grace  # noqa: E402
+
+RESUMED = {
+    "topk": lambda: grace.topk(0.05),
+    "dgc": lambda: grace.dgc(0.05, warmup_steps=2, sample_ratio=0.2),
+    "powersgd": lambda: grace.powersgd(rank=2),
+    "randomk": lambda: grace.randomk(0.05, seed=3),
+    "signum": lambda: grace.signum(),
+    "qsgd": lambda: grace.qsgd(),
+}
+
+outdir, phase = sys.argv[1], sys.argv[2]
+torch.set_num_threads(1)
+hvd.init()
+rank = hvd.rank()
+
+
+def build(name):
+    w, b = init_weights(0)
+    model = torch.nn.Linear(w.shape[1], w.shape[0])
+    with torch.no_grad():
+        model.weight.copy_(torch.from_numpy(w))
+        model.bias.copy_(torch.from_numpy(b))
+    momentum = 0.0 if name == "dgc" else 0.5  # DGC applies its own momentum
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         compression=RESUMED[name]())
+    return model, optimizer
+
+
+def steps(model, optimizer, first, last):
+    for step in range(first, last):
+        x, y = (torch.from_numpy(a) for a in batch(rank, step))
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+
+for name in RESUMED:
+    model, optimizer = build(name)
+    checkpoint = os.path.join(outdir, f"{name}.rank{rank}.pt")
+    if phase == "full":
+        steps(model, optimizer, 0, 10)
+    elif phase == "first":
+        steps(model, optimizer, 0, 5)
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint)
+        continue
+    elif phase in ("second", "without_state"):
+        saved = torch.load(checkpoint)
+        model.load_state_dict(saved["model"])
+        if phase == "without_state":  # the control: what resuming without compression state does
+            del saved["optimizer"]["grace"]
+        optimizer.load_state_dict(saved["optimizer"])
+        steps(model, optimizer, 5, 10)
+    else:
+        steps(model, optimizer, 0, 5)
+        state = hvd.elastic.TorchState(model=model, optimizer=optimizer)
+        state.save()
+        steps(model, optimizer, 5, 8)  # work that a failure throws away
+        state.restore()
+        steps(model, optimizer, 5, 10)
+    np.savez(os.path.join(outdir, f"{name}.{phase}.rank{rank}.npz"),
+             w=model.weight.detach().numpy(), b=model.bias.detach().numpy())
