@@ -214,6 +214,10 @@ class Ops(ABC):
         return self.sqrt(self.sum(self.mul(x, x)))
 
     @abstractmethod
+    def nonfinite_flag(self, x: Tensor) -> Tensor:
+        """A 1-element float32 tensor: 1 if ``x`` holds an Inf or NaN, else 0 (no host sync)."""
+
+    @abstractmethod
     def nonzero(self, mask: Tensor) -> Tensor:
         """Indices (``index_dtype``) of the true entries of a 1-d boolean tensor, in order."""
 
@@ -288,6 +292,10 @@ class Ops(ABC):
 
         values = np.random.default_rng(seed).standard_normal(tuple(shape)).astype(np.float32)
         return self.from_numpy(values, like)
+
+    traced_state = False
+    """True where state lives in variables updated in place by traced code (TensorFlow): the
+    pipeline then cannot roll a tensor's state back after a non-finite step."""
 
     @staticmethod
     def value_of(state: Any) -> Any:

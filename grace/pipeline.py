@@ -28,6 +28,8 @@ class Pending:
     ready: Tensor | None = None  # set when nothing had to travel (empty tensors)
     memory: Memory | None = None  # kept for a second round (PowerSGD)
     compensated: Tensor | None = None
+    nonfinite: Any = None  # handle of the allreduced "some worker's tensor is not finite" flag
+    snapshot: list | None = None  # this tensor's state before the step, to roll back to
 
 
 def _copy(value: Any) -> Any:
@@ -51,6 +53,24 @@ def _restore(store: dict, key: str, value: Any, ops: Ops | None) -> None:
         store[key] = _copy(value)
 
 
+_MISSING = object()
+
+
+def _snapshot(name: str, *owners) -> list:
+    """``name``'s entry in every state store of the owners. Eager adapters replace entries rather
+    than change them in place, so references are a faithful copy."""
+    return [(store, name, store.get(name, _MISSING))
+            for owner in owners for store in owner.state().values()]
+
+
+def _restore_snapshot(snapshot: list) -> None:
+    for store, name, value in snapshot:
+        if value is _MISSING:
+            store.pop(name, None)
+        else:
+            store[name] = value
+
+
 def _sum_payloads(payloads: list, ops: Ops) -> list:
     """Per-worker payloads added component by component (a single one is returned as it is)."""
     total = list(payloads[0])
@@ -69,6 +89,12 @@ class Pipeline:
     fewer than ``min_numel`` elements, those whose compressed payload would not be smaller than the
     dense tensor, and integer or boolean tensors. Empty tensors never reach a collective.
 
+    Non-finite gradients (``check_finite``, on by default): with each tensor a 4-byte flag is
+    allreduced. If any worker's tensor held an Inf or NaN, every worker puts this tensor's compression
+    state (residuals, momenta, counters) back as it was before the step and returns NaN, so that a
+    loss scaler sees the overflow and skips the step with nothing absorbed into the state. (Where state
+    lives in traced variables, TensorFlow, the flag is not exchanged: see docs/reliability.md.)
+
     ``stats()`` reports, cumulatively for this worker, the payload bytes put into collectives
     (``bytes_sent``) against the bytes of the dense tensors (``bytes_dense``).
 
@@ -77,12 +103,13 @@ class Pipeline:
     """
 
     def __init__(self, compressor: Compressor, memory: Memory, communicator: Communicator,
-                 min_numel: int = 0):
+                 min_numel: int = 0, check_finite: bool = True):
         communicator.bind(compressor)
         self.compressor = compressor
         self.memory = memory
         self.communicator = communicator
         self.min_numel = min_numel
+        self.check_finite = check_finite
         self._dense_compressor = NoneCompressor()
         self._dense_memory = NoneMemory()
         self._dense_communicator = Allreduce()
@@ -90,7 +117,8 @@ class Pipeline:
 
     def __repr__(self) -> str:
         return (f"Pipeline(compressor={self.compressor!r}, memory={self.memory!r}, "
-                f"communicator={self.communicator!r}, min_numel={self.min_numel})")
+                f"communicator={self.communicator!r}, min_numel={self.min_numel}, "
+                f"check_finite={self.check_finite})")
 
     # --- what Horovod's own optimizer would call -----------------------------------------------
     def compress(self, tensor):
@@ -127,6 +155,12 @@ class Pipeline:
         else:
             compressor, memory, communicator = (self._dense_compressor, self._dense_memory,
                                                 self._dense_communicator)
+        nonfinite = snapshot = None
+        if self.check_finite and not ops.traced_state:
+            flag = ops.nonfinite_flag(tensor)
+            nonfinite = group.allreduce_async(flag, f"grace.{name}.nonfinite")
+            ops.counter(self._counters, "bytes_control", ops.nbytes(flag))
+            snapshot = _snapshot(name, compressor, memory)
         compensated = memory.compensate(tensor, name, ops)
         payload, ctx = compressor.compress(compensated, name, ops, rank=group.rank)
         if compressor.rounds == 1:
@@ -134,10 +168,9 @@ class Pipeline:
         handle = self._send(communicator, payload, f"grace.{name}", group, ops)
         ops.counter(self._counters, "bytes_dense", numel * ops.itemsize(dtype))
         ops.counter(self._counters, "tensors")
-        if compressor.rounds == 1:
-            return Pending(name, ctx, compressor, communicator, handle, ops)
         return Pending(name, ctx, compressor, communicator, handle, ops, memory=memory,
-                       compensated=compensated)
+                       compensated=compensated if compressor.rounds == 2 else None,
+                       nonfinite=nonfinite, snapshot=snapshot)
 
     def _send(self, communicator, payload, name, group, ops):
         ops.counter(self._counters, "bytes_sent", communicator.bytes_sent(payload, group, ops))
@@ -160,6 +193,9 @@ class Pipeline:
             compressor.after_aggregate(_sum_payloads(payloads, ops), ctx, ops)
         decompressed = [compressor.decompress(p, ctx, ops) for p in payloads]
         total = compressor.aggregate(decompressed, ops)
+        if pending.nonfinite is not None and float(ops.to_numpy(group.synchronize(pending.nonfinite))[0]):
+            _restore_snapshot(pending.snapshot)
+            return ops.reshape(ops.full(ctx.numel, float("nan"), ctx.dtype, like=total), ctx.shape)
         return total if scale == 1.0 else ops.scale(total, scale)
 
     def reduce(self, tensor: Tensor, name: str, group: Collectives, scale: float = 1.0) -> Tensor:
@@ -193,9 +229,10 @@ class Pipeline:
     # --- accounting ----------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:
         """Cumulative for this worker: payload bytes sent into collectives, the bytes the dense
-        tensors would have taken, their ratio, and how many tensors went through."""
+        tensors would have taken, their ratio, how many tensors went through, and the bytes of the
+        4-byte non-finite flags (``bytes_control``)."""
         counts = {key: int(Ops.value_of(self._counters.get(key, 0)))
-                  for key in ("bytes_sent", "bytes_dense", "tensors")}
+                  for key in ("bytes_sent", "bytes_dense", "tensors", "bytes_control")}
         sent, dense = counts["bytes_sent"], counts["bytes_dense"]
         counts["compression_ratio"] = dense / sent if sent else float("nan")
         return counts

@@ -318,7 +318,9 @@ def test_stats_equal_the_bytes_that_went_into_the_collectives(name):
 
     for _ in range(2):
         pipeline.reduce(x, "w", Counting())
-    assert pipeline.stats()["bytes_sent"] == sum(sent)
+    stats = pipeline.stats()
+    assert stats["bytes_sent"] + stats["bytes_control"] == sum(sent)
+    assert stats["bytes_control"] == 4 * stats["tensors"]  # one float32 flag per tensor
     assert pipeline.stats()["bytes_dense"] == 2 * nbytes(x)
     if name not in ("none", "threshold"):
         assert sum(sent) < 2 * nbytes(x)

@@ -65,3 +65,55 @@ def test_torch_elastic_state_restores_compression_state(torch_runs, name):
 @pytest.mark.parametrize("name", ["topk", "dgc", "powersgd", "randomk"])
 def test_tensorflow_checkpoint_resume_is_bit_identical(tf_runs, name):
     assert_same(tf_runs, name, "second")
+
+
+NONFINITE_WORKER = os.path.join(ROOT, "tests", "workers", "torch_nonfinite.py")
+
+
+@pytest.fixture(scope="module")
+def nonfinite_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("nonfinite")
+    horovodrun(NONFINITE_WORKER, str(out))
+    return out
+
+
+def flatten_state(state):
+    """(path, value) pairs of a pipeline state_dict, tensors as numpy."""
+    items = []
+    for part in ("compressor", "memory"):
+        for attr, entries in state[part].items():
+            for name, value in entries.items():
+                items.append((f"{part}.{attr}.{name}", value.numpy() if hasattr(value, "numpy") else value))
+    return sorted(items, key=lambda item: item[0])
+
+
+@pytest.mark.parametrize("name", ["topk", "dgc", "signum", "powersgd", "randomk", "qsgd"])
+def test_overflow_on_one_worker_is_skipped_everywhere_and_leaves_no_trace(nonfinite_run, name):
+    import torch
+
+    for rank in range(2):
+        record = (nonfinite_run / f"{name}.skip.rank{rank}.txt").read_text()
+        unchanged, scale_before, scale_after = record.split()
+        assert unchanged == "1"  # GradScaler saw the Inf on both workers and skipped the step
+        assert float(scale_after) == float(scale_before) / 2
+        before = flatten_state(torch.load(nonfinite_run / f"{name}.before.rank{rank}.pt"))
+        after = flatten_state(torch.load(nonfinite_run / f"{name}.after.rank{rank}.pt"))
+        assert [k for k, _ in before] == [k for k, _ in after] and before
+        for (key, a), (_, b) in zip(before, after):
+            assert np.array_equal(a, b), f"{key} changed during the skipped step on rank {rank}"
+        overflow = np.load(nonfinite_run / f"{name}.overflow.rank{rank}.npz")
+        skipped = np.load(nonfinite_run / f"{name}.skipped.rank{rank}.npz")
+        np.testing.assert_array_equal(overflow["w"], skipped["w"])
+        np.testing.assert_array_equal(overflow["b"], skipped["b"])
+
+
+def test_without_the_check_the_overflow_enters_the_residuals(nonfinite_run):
+    """The control: with check_finite=False the Inf reaches the scaler through top-k's payload, but
+    the worker that overflowed keeps it in its residual."""
+    import torch
+
+    before = dict(flatten_state(torch.load(nonfinite_run / "topk_unchecked.before.rank1.pt")))
+    after = dict(flatten_state(torch.load(nonfinite_run / "topk_unchecked.after.rank1.pt")))
+    residual = after["memory.residuals.weight"]
+    assert not np.isfinite(residual).all()
+    assert not np.array_equal(before["memory.residuals.weight"], residual)

@@ -142,6 +142,12 @@ class TensorFlowOps(Ops):
         return tf.reshape(tf.cond(tf.size(x) > 0, lambda: tf.reduce_max(x),
                                   lambda: tf.zeros([], x.dtype)), [1])
 
+    traced_state = True
+
+    def nonfinite_flag(self, x):
+        finite = tf.reduce_all(tf.math.is_finite(tf.cast(x, tf.float32)))
+        return tf.reshape(1.0 - tf.cast(finite, tf.float32), [1])
+
     def nonzero(self, mask):
         n = mask.shape.num_elements() or 0
         return tf.cast(tf.reshape(tf.where(mask), [-1]), index_dtype(n))

@@ -137,6 +137,9 @@ class TorchOps(Ops):
     def max(self, x):
         return x.max().reshape(1) if x.numel() else torch.zeros(1, dtype=x.dtype, device=x.device)
 
+    def nonfinite_flag(self, x):
+        return (~torch.isfinite(x)).any().to(torch.float32).reshape(1)
+
     def nonzero(self, mask):
         return torch.nonzero(mask).reshape(-1).to(_dtype(index_dtype(mask.numel())))
 

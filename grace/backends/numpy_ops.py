@@ -138,6 +138,9 @@ class NumpyOps(Ops):
         x = np.asarray(x)
         return (np.max(x) if x.size else np.zeros((), x.dtype)).reshape(1)
 
+    def nonfinite_flag(self, x):
+        return np.array([0.0 if np.isfinite(x).all() else 1.0], np.float32)
+
     def nonzero(self, mask):
         return np.flatnonzero(mask).astype(index_dtype(np.size(mask)))
 

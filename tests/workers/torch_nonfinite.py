@@ -1,0 +1,84 @@
+"""Worker for tests/test_reliability.py: mixed-precision-style training with torch.amp.GradScaler
+where one worker's gradient overflows at step 3.
+
+    horovodrun -np 2 python tests/workers/torch_nonfinite.py OUTDIR
+
+For each compressor: run ``overflow`` (rank 1's loss is Inf at step 3) and run ``skipped`` (step 3
+left out everywhere, the loss scale halved as the scaler does on overflow); saves weights and the
+compression state around step 3."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import horovod.torch as hvd  # noqa: E402
+import torch  # noqa: E402
+from common import LR, batch, init_weights  # noqa: E402
+
+import grace  # noqa: E402
+
+COMPRESSORS = {
+    "topk": lambda: grace.topk(0.05),
+    "dgc": lambda: grace.dgc(0.05, sample_ratio=0.2),
+    "signum": lambda: grace.signum(),
+    "powersgd": lambda: grace.powersgd(),
+    "randomk": lambda: grace.randomk(0.05),
+    "qsgd": lambda: grace.qsgd(),
+    "topk_unchecked": lambda: grace.topk(0.05, check_finite=False),  # the control
+}
+OVERFLOW_STEP = 3
+
+outdir = sys.argv[1]
+torch.set_num_threads(1)
+hvd.init()
+rank = hvd.rank()
+
+
+def run(name, mode):
+    w, b = init_weights(0)
+    model = torch.nn.Linear(w.shape[1], w.shape[0])
+    with torch.no_grad():
+        model.weight.copy_(torch.from_numpy(w))
+        model.bias.copy_(torch.from_numpy(b))
+    compression = COMPRESSORS[name]()
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                         named_parameters=model.named_parameters(),
+                                         compression=compression)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    for step in range(8):
+        if mode == "skipped" and step == OVERFLOW_STEP:
+            # The same loss-scale trajectory as the run that overflowed, without the step.
+            scaler.update(new_scale=scaler.get_scale() / 2)
+            continue
+        if mode == "overflow" and step == OVERFLOW_STEP:
+            torch.save(compression.state_dict(), os.path.join(outdir, f"{name}.before.rank{rank}.pt"))
+            weight_before = model.weight.detach().clone()
+            scale_before = scaler.get_scale()
+        x, y = (torch.from_numpy(a) for a in batch(rank, step))
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if mode == "overflow" and step == OVERFLOW_STEP and rank == 1:
+            loss = loss * math.inf
+        scaler.scale(loss).backward()
+        optimizer.synchronize()
+        scaler.unscale_(optimizer)
+        with optimizer.skip_synchronize():
+            scaler.step(optimizer)
+        scaler.update()
+        if mode == "overflow" and step == OVERFLOW_STEP:
+            torch.save(compression.state_dict(), os.path.join(outdir, f"{name}.after.rank{rank}.pt"))
+            unchanged = bool(torch.equal(model.weight, weight_before))
+            with open(os.path.join(outdir, f"{name}.skip.rank{rank}.txt"), "w") as f:
+                f.write(f"{int(unchanged)} {scale_before} {scaler.get_scale()}")
+    np.savez(os.path.join(outdir, f"{name}.{mode}.rank{rank}.npz"),
+             w=model.weight.detach().numpy(), b=model.bias.detach().numpy())
+
+
+for name in COMPRESSORS:
+    run(name, "overflow")
+    run(name, "skipped")
