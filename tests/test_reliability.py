@@ -117,3 +117,40 @@ def test_without_the_check_the_overflow_enters_the_residuals(nonfinite_run):
     residual = after["memory.residuals.weight"]
     assert not np.isfinite(residual).all()
     assert not np.array_equal(before["memory.residuals.weight"], residual)
+
+
+MISMATCH_WORKER = os.path.join(ROOT, "tests", "workers", "torch_mismatch.py")
+
+
+@pytest.mark.parametrize("scenario, message", [
+    ("compressor", r"worker 0 compresses with Pipeline\(compressor=TopK\(ratio=0.01\).* but worker 1 "
+                   r"with Pipeline\(compressor=TopK\(ratio=0.02\)"),
+    ("shape", r"tensor 'body.weight' is torch.float32 \[1200, 16\] on worker 0 but torch.float32 "
+              r"\[1300, 16\] on worker 1"),
+    ("names", r"tensor 'extra.weight' exists on worker 1 but not on worker 0"),
+])
+def test_workers_that_differ_fail_at_construction_on_every_worker(tmp_path, scenario, message):
+    import re
+
+    horovodrun(MISMATCH_WORKER, str(tmp_path), scenario, timeout=120)
+    for rank in range(2):
+        error = (tmp_path / f"{scenario}.error.rank{rank}.txt").read_text()
+        assert error.startswith("grace: the workers are not set up alike")
+        assert re.search(message, error), error
+
+
+def test_a_parameter_only_some_workers_use_in_a_step_does_not_hang(tmp_path):
+    horovodrun(MISMATCH_WORKER, str(tmp_path), "unused", timeout=120)
+    a, b = (np.load(tmp_path / f"unused.rank{rank}.npz") for rank in range(2))
+    for key in a.files:
+        np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_a_worker_that_dies_fails_the_others_within_a_bounded_time(tmp_path):
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(AssertionError, match="exited"):
+        horovodrun(MISMATCH_WORKER, str(tmp_path), "dies", timeout=120)
+    assert time.monotonic() - start < 60
+    assert not (tmp_path / "dies.rank0.npz").exists()

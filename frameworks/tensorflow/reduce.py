@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from frameworks.tensorflow.collectives import HorovodCollectives
 from frameworks.tensorflow.ops import TensorFlowOps
+from grace import agreement
 from grace.pipeline import Pipeline
 
 _OPS = TensorFlowOps()
@@ -32,12 +33,30 @@ def variable_name(variable, index: int) -> str:
     return path if isinstance(path, str) else variable.name.split(":")[0]
 
 
+def _check_agreement(pipeline, collectives, **options) -> None:
+    """Where the wrapper is built eagerly (Keras and TF1 optimizers, a tape outside tf.function),
+    fail at once on every worker if the workers compress differently. (Variables are not known
+    yet here; Horovod itself rejects tensors whose shapes differ across workers.)"""
+    if collectives.size == 1 or not tf.executing_eagerly():
+        return
+    mine = agreement.describe(pipeline, [], **options)
+    if collectives.process_set == hvd.global_process_set:
+        everyone = hvd.allgather_object(mine, name="grace.agreement")
+    else:
+        everyone = [hvd.broadcast_object(mine, root_rank=r, name=f"grace.agreement.{r}",
+                                         process_set=collectives.process_set)
+                    for r in collectives.process_set.ranks]
+    agreement.check(everyone)
+
+
 def make_reduce_grads(pipeline: Pipeline, op=hvd.Average, gradient_predivide_factor: float = 1.0,
                       sparse_as_dense: bool = False, process_set=None) -> Callable:
     """``reduce(grads, vars=None, use_generic_names=False) -> grads``: Horovod's signature for the
     function its wrappers call to combine gradients; ``None`` gradients stay ``None``."""
     check_options(op, gradient_predivide_factor)
     collectives = HorovodCollectives(process_set)
+    _check_agreement(pipeline, collectives, op=op, gradient_predivide_factor=gradient_predivide_factor,
+                     sparse_as_dense=sparse_as_dense)
 
     def reduce_grads(grads: Sequence, variables: Sequence | None = None, use_generic_names=False):
         grads = list(grads)

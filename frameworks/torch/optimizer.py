@@ -19,6 +19,7 @@ import torch
 
 from frameworks.torch.collectives import HorovodCollectives
 from frameworks.torch.ops import TorchOps
+from grace import agreement
 from grace.pipeline import Pipeline
 
 _OPS = TorchOps()
@@ -50,6 +51,7 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         self._group_ready: dict = {}
         if self.process_set.included():
             self._register_hooks()
+            self._check_agreement()
 
     # --- set-up --------------------------------------------------------------------------------
     def _register_hooks(self):
@@ -64,6 +66,24 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
                 self._group_ready[group] = 0
         for p in self._requires_update:
             p.register_post_accumulate_grad_hook(self._make_hook(p))
+
+    def _check_agreement(self):
+        """Fail at once, on every worker, if the workers differ in compression, options or
+        parameters (a mismatch would otherwise hang a collective or combine unlike payloads)."""
+        if self.process_set.size() == 1:
+            return
+        mine = agreement.describe(
+            self._pipeline,
+            [(self._parameter_names[p], p.shape, p.dtype) for p in self._requires_update],
+            op=self.op, backward_passes_per_step=self.backward_passes_per_step,
+            gradient_predivide_factor=self.gradient_predivide_factor)
+        if self.process_set == hvd.global_process_set:
+            everyone = hvd.allgather_object(mine, name="grace.agreement")
+        else:  # Horovod 0.28.1 gathers objects over the global set only
+            everyone = [hvd.broadcast_object(mine, root_rank=r, name=f"grace.agreement.{r}",
+                                             process_set=self.process_set)
+                        for r in self.process_set.ranks]
+        agreement.check(everyone)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         self.backward_passes_per_step = passes
