@@ -154,3 +154,43 @@ def test_a_worker_that_dies_fails_the_others_within_a_bounded_time(tmp_path):
         horovodrun(MISMATCH_WORKER, str(tmp_path), "dies", timeout=120)
     assert time.monotonic() - start < 60
     assert not (tmp_path / "dies.rank0.npz").exists()
+
+
+EDGES_WORKER = os.path.join(ROOT, "tests", "workers", "torch_edges.py")
+
+
+@pytest.fixture(scope="module")
+def edges_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("edges")
+    horovodrun(EDGES_WORKER, str(out), timeout=300)
+    return out
+
+
+@pytest.mark.parametrize("name", ["topk", "qsgd", "powersgd", "signum", "none"])
+def test_awkward_parameters_train_alike_on_every_worker(edges_run, name):
+    a, b = (np.load(edges_run / f"{name}.rank{rank}.npz") for rank in range(2))
+    assert list(a["dtypes"]) == ["torch.float32"] * 4 + ["torch.float16", "torch.bfloat16",
+                                                           "torch.float64", "torch.float32"] + \
+        ["torch.float32"] * 2
+    for key in a.files:
+        if key == "dtypes":
+            continue
+        np.testing.assert_array_equal(a[key], b[key])
+        assert np.isfinite(a[key]).all(), key
+    assert a["empty"].shape == (0, 4) and a["scalar"].shape == ()
+    start = np.load(edges_run / f"{name}.start.rank0.npz")
+    for key in ("single", "transposed", "fp16_weight", "bf16_weight", "fp64_weight", "embedding.weight"):
+        assert not np.array_equal(a[key], start[key]), f"{key} was not trained"
+    if name == "signum":
+        # The two workers' gradients for the scalar have opposite signs at every step here, so the
+        # majority vote is a tie (0) and it stays put.
+        assert a["scalar"] == start["scalar"]
+    else:
+        assert a["scalar"] != start["scalar"]  # the 0-d parameter was trained
+
+
+def test_sparse_gradient_without_sparse_as_dense_is_refused_clearly(edges_run):
+    for rank in range(2):
+        message = (edges_run / f"sparse.rank{rank}.txt").read_text()
+        assert message == ("the gradient of 'embedding.weight' is sparse; grace compresses dense "
+                           "tensors: pass sparse_as_dense=True to DistributedOptimizer")

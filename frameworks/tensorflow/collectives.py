@@ -23,6 +23,13 @@ class HorovodCollectives:
         return self.process_set.rank()
 
     def allreduce_async(self, tensor, name):
+        if tensor.dtype == tf.bfloat16:
+            # As in the torch adapter: gather the bits, add in float32 in rank order, round once.
+            rows = tf.bitcast(allgather(tf.bitcast(tf.reshape(tensor, [1, -1]), tf.int16),
+                                        name=_op_name(name), ignore_name_scope=True,
+                                        process_set=self.process_set), tf.bfloat16)
+            total = tf.reduce_sum(tf.cast(rows, tf.float32), axis=0)
+            return tf.reshape(tf.cast(total, tf.bfloat16), tf.shape(tensor))
         return _allreduce(tensor, name=_op_name(name), op=hvd.Sum, ignore_name_scope=True,
                           process_set=self.process_set)
 

@@ -21,6 +21,12 @@ class HorovodCollectives:
         return self.process_set.rank()
 
     def allreduce_async(self, tensor, name):
+        if tensor.dtype == torch.bfloat16:
+            # Horovod 0.28.1 cannot reduce bfloat16: gather the bits, add in float32 in rank order
+            # (the same on every worker), round once.
+            handle = hvd.allgather_async(tensor.reshape(1, -1).view(torch.int16), name=name,
+                                         process_set=self.process_set)
+            return _SummedBits(handle, tensor.shape)
         return hvd.allreduce_async(tensor, name=name, op=hvd.Sum, process_set=self.process_set)
 
     # Horovod 0.28.1 has no bfloat16 ops: gathers and broadcasts carry such tensors as their bits.
@@ -32,6 +38,9 @@ class HorovodCollectives:
                                                               process_set=self.process_set))
 
     def synchronize(self, handle):
+        if isinstance(handle, _SummedBits):
+            rows = hvd.synchronize(handle.handle).view(torch.bfloat16).float()
+            return rows.sum(0, dtype=torch.float32).to(torch.bfloat16).reshape(handle.shape)
         if isinstance(handle, _AsBits):
             return hvd.synchronize(handle.handle).view(torch.bfloat16)
         return hvd.synchronize(handle)
@@ -40,6 +49,11 @@ class HorovodCollectives:
 class _AsBits:
     def __init__(self, handle):
         self.handle = handle
+
+
+class _SummedBits:
+    def __init__(self, handle, shape):
+        self.handle, self.shape = handle, shape
 
 
 def _bits_in(tensor, start):
