@@ -24,6 +24,11 @@ class Context:
     rank: int = 0  # the worker's rank: stochastic compressors draw differently on each worker
 
 
+TINY = 2.0**-149
+"""The smallest positive float32 (a subnormal): the floor of a divisor that may be 0, low enough
+that tensors of subnormal values still divide by their own scale."""
+
+
 def stable_seed(*parts: Any) -> int:
     """A 64-bit seed from the parts' text (Python's ``hash`` differs between processes)."""
     text = "/".join(str(p) for p in parts)

@@ -210,8 +210,10 @@ class Ops(ABC):
         """The largest element, as a 1-element 1-d tensor (0 for an empty tensor)."""
 
     def norm(self, x: Tensor) -> Tensor:
-        """The Euclidean norm, as a 1-element 1-d tensor."""
-        return self.sqrt(self.sum(self.mul(x, x)))
+        """The Euclidean norm, as a 1-element 1-d tensor, computed in float64 (squares of large
+        float32 values would overflow) and rounded to ``x``'s dtype (Inf if it does not fit)."""
+        wide = self.cast(x, "float64")
+        return self.cast(self.sqrt(self.sum(self.mul(wide, wide))), self.dtype(x))
 
     @abstractmethod
     def nonfinite_flag(self, x: Tensor) -> Tensor:

@@ -64,6 +64,10 @@ class PowerSGD(Compressor):
 
     def decode(self, payload, ctx, ops):
         n, m, r = ctx.data["dims"]
+        if "p" not in ctx.data:
+            # A first-round payload decompressed on its own (inspection, one worker): finish the
+            # power iteration locally.
+            payload = self.second_round(payload, ctx, ops)
         dtype = compute_dtype(ctx.dtype)
         q = ops.reshape(ops.cast(payload[0], dtype), (m, r))
         return ops.cast(ops.flatten(ops.matmul(ctx.data["p"], q, transpose_b=True)), ctx.dtype)

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import math
 
-from grace.compressor import Compressor, compute_dtype, numel_of, stable_seed
+import numpy as np
+
+from grace.compressor import TINY, Compressor, compute_dtype, numel_of, stable_seed
 from grace.validation import check_int
 
 
@@ -27,8 +29,11 @@ class QSGD(Compressor):
 
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
-        norm = ops.norm(x)
-        level = ops.scale(ops.div(ops.abs(x), ops.maximum(norm, 1e-30)), float(self.levels))
+        # A norm beyond the dtype's range (values near its maximum) is clamped, which keeps the
+        # output finite at the price of bias for such tensors only.
+        norm = ops.minimum(ops.norm(x), float(np.finfo(ctx.dtype if ctx.dtype != "bfloat16" else
+                                                       "float32").max))
+        level = ops.scale(ops.div(ops.abs(x), ops.maximum(norm, TINY)), float(self.levels))
         low = ops.floor(level)
         step = ops.counter(self._steps, name)
         uniform = ops.random_uniform(ctx.numel, lambda s: stable_seed(self.seed, name, s, ctx.rank),

@@ -28,8 +28,9 @@ class Sketch(Compressor):
         cuts = [min(n - 1, (i * n) // b) for i in range(1, b)]
         boundaries = ops.gather(ops.sort(x), ops.constant(cuts, "int32", like=flat))
         ids = ops.bucketize(x, boundaries)
-        sums = ops.scatter_add(b, ids, x)
-        counts = ops.scatter_add(b, ids, ops.full(n, 1.0, ops.dtype(x), like=x))
+        wide = ops.cast(x, "float64")  # bucket sums in float64: a bucket's mean stays inside it
+        sums = ops.scatter_add(b, ids, wide)
+        counts = ops.scatter_add(b, ids, ops.full(n, 1.0, "float64", like=x))
         means = ops.div(sums, ops.maximum(counts, 1.0))
         return [ops.cast(means, ctx.dtype), ops.cast(ids, "uint8")]
 

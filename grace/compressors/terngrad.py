@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import math
 
-from grace.compressor import Compressor, compute_dtype, numel_of, stable_seed
+from grace.compressor import TINY, Compressor, compute_dtype, numel_of, stable_seed
 from grace.validation import check_int
 
 
@@ -26,7 +26,7 @@ class TernGrad(Compressor):
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         scale = ops.max(ops.abs(x))
-        probability = ops.div(ops.abs(x), ops.maximum(scale, 1e-30))
+        probability = ops.div(ops.abs(x), ops.maximum(scale, TINY))
         step = ops.counter(self._steps, name)
         uniform = ops.random_uniform(ctx.numel, lambda s: stable_seed(self.seed, name, s, ctx.rank),
                                      step, like=flat)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grace.compressor import Compressor, compute_dtype, numel_of
+from grace.compressor import TINY, Compressor, compute_dtype, numel_of
 
 # 128 magnitudes: 0 and 2^((i - 127) / 8) for i = 1..127, i.e. from 2^-15.75 to 1, 1/8 octave apart.
 TABLE = np.concatenate([[0.0], np.exp2((np.arange(1, 128) - 127) / 8.0)]).astype(np.float32)
@@ -25,7 +25,7 @@ class U8bit(Compressor):
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         scale = ops.max(ops.abs(x))
-        relative = ops.cast(ops.div(ops.abs(x), ops.maximum(scale, 1e-30)), "float32")
+        relative = ops.cast(ops.div(ops.abs(x), ops.maximum(scale, TINY)), "float32")
         index = ops.bucketize(relative, ops.constant(BOUNDARIES, "float32", like=flat))
         negative = ops.cast(ops.less(x, 0.0), "int32")
         return [ops.cast(scale, ctx.dtype), ops.cast(ops.add(index, ops.mul(negative, 128)), "uint8")]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from grace.compressor import TINY
 from grace.memory import Memory
 from grace.validation import check_fraction
 
@@ -25,7 +26,7 @@ class DGCMemory(Memory):
         if self.clip_norm is not None:
             norm = ops.norm(ops.flatten(tensor))
             factor = ops.minimum(ops.div(ops.full(1, self.clip_norm, ops.dtype(tensor), like=tensor),
-                                         ops.maximum(norm, 1e-30)), 1.0)
+                                         ops.maximum(norm, TINY)), 1.0)
             tensor = ops.mul(tensor, ops.reshape(factor, [1] * len(ops.shape(tensor))))
         velocity = ops.load(self.velocities, name, like=tensor)
         velocity = tensor if velocity is None else ops.add(ops.scale(velocity, self.momentum), tensor)
