@@ -128,10 +128,10 @@ class TensorFlowOps(Ops):
         return tf.sqrt(x)
 
     def maximum(self, a, b):
-        return tf.maximum(a, tf.cast(b, a.dtype))
+        return tf.maximum(a, _like(b, a))
 
     def minimum(self, a, b):
-        return tf.minimum(a, tf.cast(b, a.dtype))
+        return tf.minimum(a, _like(b, a))
 
     def sum(self, x):
         if x.dtype.is_floating:
@@ -219,6 +219,14 @@ class TensorFlowOps(Ops):
             store[key] = tf.Variable(0, dtype=tf.int64, trainable=False, name=_variable_name(key))
         increment = tf.cast(increment, tf.int64)
         return store[key].assign_add(increment) - increment
+
+
+def _like(value, tensor):
+    """``value`` in ``tensor``'s dtype; a Python number is made in that dtype directly (casting goes
+    through float32 first, where float64's extremes do not fit)."""
+    if isinstance(value, tf.Tensor):
+        return tf.cast(value, tensor.dtype)
+    return tf.constant(value, dtype=tensor.dtype)
 
 
 def _variable_name(key: str) -> str:
