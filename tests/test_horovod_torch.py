@@ -116,9 +116,22 @@ def test_horovod_own_compression_is_untouched(gloo_run, tmp_path):
                                atol=TOL, rtol=0)
 
 
-def test_import_order_horovod_first(tmp_path):
-    horovodrun(WORKER, str(tmp_path), "--import-order", "horovod-first", "--scenarios", "topk")
+DETERMINISM = ["topk", "randomk", "catalogue_qsgd", "catalogue_dgc", "catalogue_natural",
+               "catalogue_terngrad", "catalogue_powersgd"]
+
+
+def test_import_order_horovod_first_and_runs_are_deterministic(gloo_run, tmp_path):
+    """A second, independent job (grace imported after Horovod) ends bit-identical to the first,
+    stochastic compressors included: the same seeds give the same weights."""
+    horovodrun(WORKER, str(tmp_path), "--import-order", "horovod-first", "--scenarios",
+               ",".join(DETERMINISM))
     check(tmp_path, "topk", reference.simulate(reference.topk_with_residual(0.05)))
+    for name in DETERMINISM:
+        first, _ = load(gloo_run, name)
+        second, _ = load(tmp_path, name)
+        for rank in range(2):
+            np.testing.assert_array_equal(first[rank]["w"], second[rank]["w"])
+            np.testing.assert_array_equal(first[rank]["b"], second[rank]["b"])
 
 
 def test_mpi_controller(tmp_path):
