@@ -128,3 +128,34 @@ class Compressor(ABC):
     def params(self) -> dict[str, Any]:
         """The constructor's parameters, as given."""
         return {}
+
+
+class Seeded:
+    """For compressors that draw random numbers: a ``seed`` and a per-tensor step counter, and draws
+    from private generators seeded by (seed, tensor name, step, and the worker's rank unless the
+    workers must agree). Counters are state (``state()`` sees ``_steps``)."""
+
+    def _init_seed(self, seed: int) -> None:
+        from grace.validation import check_int
+
+        self.seed = check_int("seed", seed, minimum=0)
+        self._steps: dict = {}
+
+    def _seed_of(self, name: str, ctx: Context, shared: bool):
+        if shared:
+            return lambda step: stable_seed(self.seed, name, step)
+        return lambda step: stable_seed(self.seed, name, step, ctx.rank)
+
+    def next_step(self, name: str, ops: Ops) -> Any:
+        return ops.counter(self._steps, name)
+
+    def uniform(self, n: int, name: str, ctx: Context, ops: Ops, like: Tensor, step: Any = None):
+        """``n`` float32 draws from [0, 1), different on each worker."""
+        step = self.next_step(name, ops) if step is None else step
+        return ops.random_uniform(n, self._seed_of(name, ctx, shared=False), step, like=like)
+
+    def indices(self, n: int, k: int, name: str, ctx: Context, ops: Ops, like: Tensor,
+                step: Any = None, shared: bool = False):
+        """``k`` distinct indices in ``[0, n)``; ``shared=True``: the same on every worker."""
+        step = self.next_step(name, ops) if step is None else step
+        return ops.random_indices(n, k, self._seed_of(name, ctx, shared), step, like=like)

@@ -14,21 +14,28 @@ from common import LR, batch, gradients, init_weights  # noqa: E402
 MIN_NUMEL = 1024  # grace's default: b (8 elements) travels dense, W (1280) is compressed
 
 
-def topk_with_residual(ratio):
-    """Top-k of (gradient + residual) by magnitude; the rest becomes the new residual."""
+def with_residual(choose):
+    """Error feedback around a sparsifier: ``choose(name, step, flat)`` picks the indices sent from
+    gradient + residual; the rest becomes the new residual."""
     residuals = {}
 
     def compress(name, rank, step, g):
         c = g + residuals.get((name, rank), 0.0)
         flat = c.reshape(-1)
-        k = max(1, int(ratio * flat.size))
-        keep = np.argsort(-np.abs(flat), kind="stable")[:k]
+        keep = choose(name, step, flat)
         sent = np.zeros_like(flat)
         sent[keep] = flat[keep]
         sent = sent.reshape(c.shape)
         residuals[(name, rank)] = c - sent
         return sent
     return compress
+
+
+def topk_with_residual(ratio):
+    """Top-k of (gradient + residual) by magnitude."""
+    def choose(name, step, flat):
+        return np.argsort(-np.abs(flat), kind="stable")[:max(1, int(ratio * flat.size))]
+    return with_residual(choose)
 
 
 def randomk_with_residual(ratio, seed):
@@ -36,19 +43,11 @@ def randomk_with_residual(ratio, seed):
     from grace.compressors.randomk import RandomK
 
     seeds = RandomK(ratio, seed=seed)
-    residuals = {}
 
-    def compress(name, rank, step, g):
-        c = g + residuals.get((name, rank), 0.0)
-        flat = c.reshape(-1)
+    def choose(name, step, flat):
         k = max(1, int(ratio * flat.size))
-        keep = np.random.default_rng(seeds.step_seed(name, step)).choice(flat.size, k, replace=False)
-        sent = np.zeros_like(flat)
-        sent[keep] = flat[keep]
-        sent = sent.reshape(c.shape)
-        residuals[(name, rank)] = c - sent
-        return sent
-    return compress
+        return np.random.default_rng(seeds.step_seed(name, step)).choice(flat.size, k, replace=False)
+    return with_residual(choose)
 
 
 def fp16_sum(values):

@@ -10,9 +10,8 @@ import os
 import numpy as np
 import pytest
 import reference
-from common import loss
 from launch import ROOT, horovodrun
-from test_horovod_torch import TOL, check, load
+from test_horovod_torch import TOL, assert_trains_alike, check
 
 import grace
 
@@ -81,13 +80,4 @@ def test_horovod_own_keras_optimizer_does_not_average_on_keras3(tf_run):
 
 @pytest.mark.parametrize("name", grace.available())
 def test_every_compressor_trains_on_two_workers(tf_run, name):
-    """Each compressor with its defaults: identical weights on both workers, finite, and a lower
-    training loss after 10 steps than at the start."""
-    weights, infos = load(tf_run, f"catalogue_{name}")
-    np.testing.assert_array_equal(weights[0]["w"], weights[1]["w"])
-    np.testing.assert_array_equal(weights[0]["b"], weights[1]["b"])
-    assert np.isfinite(weights[0]["w"]).all()
-    w0, b0 = reference.init_weights(0)
-    assert loss(weights[0]["w"], weights[0]["b"]) < 0.99 * loss(w0, b0)
-    stats = infos[0]["stats"]
-    assert stats["tensors"] == 20 and stats["bytes_dense"] == 10 * (1280 + 8) * 4
+    assert_trains_alike(tf_run, name)

@@ -140,11 +140,10 @@ def test_mpi_controller(tmp_path):
     check(tmp_path, "randomk", reference.simulate(reference.randomk_with_residual(0.05, 3)))
 
 
-@pytest.mark.parametrize("name", grace.available())
-def test_every_compressor_trains_on_two_workers(gloo_run, name):
-    """Each compressor with its defaults: identical weights on both workers, finite, and a lower
-    training loss after 10 steps than at the start."""
-    weights, infos = load(gloo_run, f"catalogue_{name}")
+def assert_trains_alike(run, name):
+    """Each compressor with its defaults: identical weights on both workers, finite, and a training
+    loss at least 1% below the start after 10 steps."""
+    weights, infos = load(run, f"catalogue_{name}")
     np.testing.assert_array_equal(weights[0]["w"], weights[1]["w"])
     np.testing.assert_array_equal(weights[0]["b"], weights[1]["b"])
     assert np.isfinite(weights[0]["w"]).all()
@@ -152,3 +151,8 @@ def test_every_compressor_trains_on_two_workers(gloo_run, name):
     assert loss(weights[0]["w"], weights[0]["b"]) < 0.99 * loss(w0, b0)
     stats = infos[0]["stats"]
     assert stats["tensors"] == 20 and stats["bytes_dense"] == 10 * (1280 + 8) * 4
+
+
+@pytest.mark.parametrize("name", grace.available())
+def test_every_compressor_trains_on_two_workers(gloo_run, name):
+    assert_trains_alike(gloo_run, name)

@@ -9,18 +9,12 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 from horovod.tensorflow.mpi_ops import _allreduce, allgather, broadcast
 
+from frameworks.process_set import ProcessSetCollectives
 
-class HorovodCollectives:
+
+class HorovodCollectives(ProcessSetCollectives):
     def __init__(self, process_set=None):
-        self.process_set = process_set if process_set is not None else hvd.global_process_set
-
-    @property
-    def size(self) -> int:
-        return self.process_set.size()
-
-    @property
-    def rank(self) -> int:
-        return self.process_set.rank()
+        super().__init__(process_set, hvd.global_process_set)
 
     def allreduce_async(self, tensor, name):
         if tensor.dtype == tf.bfloat16:

@@ -7,6 +7,7 @@ from typing import Callable, Sequence
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from frameworks.process_set import gather_objects
 from frameworks.tensorflow.collectives import HorovodCollectives
 from frameworks.tensorflow.ops import TensorFlowOps
 from grace import agreement
@@ -40,13 +41,7 @@ def _check_agreement(pipeline, collectives, **options) -> None:
     if collectives.size == 1 or not tf.executing_eagerly():
         return
     mine = agreement.describe(pipeline, [], **options)
-    if collectives.process_set == hvd.global_process_set:
-        everyone = hvd.allgather_object(mine, name="grace.agreement")
-    else:
-        everyone = [hvd.broadcast_object(mine, root_rank=r, name=f"grace.agreement.{r}",
-                                         process_set=collectives.process_set)
-                    for r in collectives.process_set.ranks]
-    agreement.check(everyone)
+    agreement.check(gather_objects(hvd, mine, collectives.process_set, "grace.agreement"))
 
 
 def make_reduce_grads(pipeline: Pipeline, op=hvd.Average, gradient_predivide_factor: float = 1.0,

@@ -5,20 +5,14 @@ from __future__ import annotations
 import horovod.torch as hvd
 import torch
 
+from frameworks.process_set import ProcessSetCollectives
 
-class HorovodCollectives:
+
+class HorovodCollectives(ProcessSetCollectives):
     """Horovod's async allreduce (sum), allgather and broadcast among one process set."""
 
     def __init__(self, process_set=None):
-        self.process_set = process_set if process_set is not None else hvd.global_process_set
-
-    @property
-    def size(self) -> int:
-        return self.process_set.size()
-
-    @property
-    def rank(self) -> int:
-        return self.process_set.rank()
+        super().__init__(process_set, hvd.global_process_set)
 
     def allreduce_async(self, tensor, name):
         if tensor.dtype == torch.bfloat16:

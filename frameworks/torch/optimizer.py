@@ -17,6 +17,7 @@ import horovod.torch as hvd
 import horovod.torch.optimizer as horovod_optimizer
 import torch
 
+from frameworks.process_set import gather_objects
 from frameworks.torch.collectives import HorovodCollectives
 from frameworks.torch.ops import TorchOps
 from grace import agreement
@@ -77,13 +78,7 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
             [(self._parameter_names[p], p.shape, p.dtype) for p in self._requires_update],
             op=self.op, backward_passes_per_step=self.backward_passes_per_step,
             gradient_predivide_factor=self.gradient_predivide_factor)
-        if self.process_set == hvd.global_process_set:
-            everyone = hvd.allgather_object(mine, name="grace.agreement")
-        else:  # Horovod 0.28.1 gathers objects over the global set only
-            everyone = [hvd.broadcast_object(mine, root_rank=r, name=f"grace.agreement.{r}",
-                                             process_set=self.process_set)
-                        for r in self.process_set.ranks]
-        agreement.check(everyone)
+        agreement.check(gather_objects(hvd, mine, self.process_set, "grace.agreement"))
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         self.backward_passes_per_step = passes

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-from grace.compressor import Compressor, compute_dtype, stable_seed
-from grace.validation import check_int, check_ratio
+from grace.compressor import Compressor, Seeded, compute_dtype
+from grace.validation import check_ratio
 
 
-class AdaQ(Compressor):
+class AdaQ(Seeded, Compressor):
     """Adaptive quantization: for the positive and the negative elements separately, a threshold is
     estimated from a random sample so that about ``ratio`` of each sign lies beyond it; the elements
     beyond are sent as indices only, and each sign as one value, the mean of its sent elements.
@@ -19,8 +19,7 @@ class AdaQ(Compressor):
     def __init__(self, ratio: float = 0.01, sample_ratio: float = 0.01, seed: int = 0):
         self.ratio = check_ratio("ratio", ratio)
         self.sample_ratio = check_ratio("sample_ratio", sample_ratio)
-        self.seed = check_int("seed", seed, minimum=0)
-        self._steps: dict = {}
+        self._init_seed(seed)
 
     def params(self):
         return {"ratio": self.ratio, "sample_ratio": self.sample_ratio, "seed": self.seed}
@@ -29,9 +28,7 @@ class AdaQ(Compressor):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         n = ctx.numel
         m = min(n, max(1, int(n * self.sample_ratio), 256))
-        step = ops.counter(self._steps, name)
-        picked = ops.random_indices(n, m, lambda s: stable_seed(self.seed, name, s, ctx.rank), step,
-                                    like=flat)
+        picked = self.indices(n, m, name, ctx, ops, like=flat)
         sample = ops.sort(ops.gather(x, picked))
         k = max(1, int(m * self.ratio))
         top = ops.gather(sample, ops.constant([m - k], "int32", like=flat))

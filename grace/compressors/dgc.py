@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from grace.compressor import Compressor, compute_dtype, numel_of, stable_seed
+from grace.compressor import Seeded, compute_dtype
+from grace.compressors.topk import TopK
 from grace.ops import index_dtype
 from grace.validation import check_int, check_ratio
 
@@ -9,7 +10,7 @@ WARMUP_RATIOS = (0.25, 0.0625, 0.015625, 0.004, 0.001)
 gradient stays local, one stage per ``warmup_steps`` steps."""
 
 
-class DGC(Compressor):
+class DGC(Seeded, TopK):
     """Deep Gradient Compression: top-k with a threshold estimated on a random sample. The magnitude
     that keeps ``ratio`` of a ``sample_ratio`` sample (lowered by 20%) selects candidates, and exactly
     the k largest of them are sent (or of the whole tensor, should too few pass), as values and int32
@@ -24,11 +25,10 @@ class DGC(Compressor):
 
     def __init__(self, ratio: float = 0.001, sample_ratio: float = 0.01, warmup_steps: int = 0,
                  seed: int = 0):
-        self.ratio = check_ratio("ratio", ratio)
+        super().__init__(ratio)
         self.sample_ratio = check_ratio("sample_ratio", sample_ratio)
         self.warmup_steps = check_int("warmup_steps", warmup_steps, minimum=0)
-        self.seed = check_int("seed", seed, minimum=0)
-        self._steps: dict = {}
+        self._init_seed(seed)
 
     def params(self):
         return {"ratio": self.ratio, "sample_ratio": self.sample_ratio,
@@ -43,7 +43,7 @@ class DGC(Compressor):
 
     def encode(self, flat, name, ctx, ops):
         n = ctx.numel
-        step = ops.counter(self._steps, name)
+        step = self.next_step(name, ops)
         if self.warmup_steps:
             if not isinstance(step, int):
                 raise ValueError("DGC's sparsity warm-up changes the payload size from stage to "
@@ -54,8 +54,7 @@ class DGC(Compressor):
         k = max(1, int(ratio * n))
         magnitude = ops.abs(ops.cast(flat, compute_dtype(ctx.dtype)))
         m = min(n, max(int(n * self.sample_ratio), 1))
-        picked = ops.random_indices(n, m, lambda s: stable_seed(self.seed, name, s, ctx.rank), step,
-                                    like=flat)
+        picked = self.indices(n, m, name, ctx, ops, like=flat, step=step)
         sample = ops.sort(ops.gather(magnitude, picked))
         threshold = ops.scale(ops.gather(sample, ops.constant([m - max(1, int(m * ratio))],
                                                               "int32", like=flat)), 0.8)
@@ -69,11 +68,6 @@ class DGC(Compressor):
         indices = ops.cast(indices, index_dtype(n))
         return [ops.gather(flat, indices), indices]
 
-    def decode(self, payload, ctx, ops):
-        values, indices = payload
-        return ops.scatter_add(ctx.numel, indices, values)
-
-    def payload_nbytes(self, shape, itemsize):
-        numel = numel_of(shape)
-        k = max(1, int(max(self.ratio_at(0), self.ratio) * numel))
-        return k * (itemsize + (4 if index_dtype(numel) == "int32" else 8))
+    def k(self, numel: int) -> int:
+        """The most entries sent at any step (warm-up included), for the dense fallback."""
+        return max(1, int(max(self.ratio_at(0), self.ratio) * numel))

@@ -2,11 +2,10 @@ from __future__ import annotations
 
 import math
 
-from grace.compressor import Compressor, numel_of, stable_seed
-from grace.validation import check_int
+from grace.compressor import Compressor, Seeded, numel_of
 
 
-class Natural(Compressor):
+class Natural(Seeded, Compressor):
     """Natural compression: each element is rounded at random to one of the two powers of two around
     it, ``2^e <= |x| < 2^(e+1)``, up with probability ``(|x| - 2^e) / 2^e``, which is unbiased and
     within a factor of 2 of ``|x|``. Sent: the sign (1 bit, packed) and the float32 exponent field
@@ -17,8 +16,7 @@ class Natural(Compressor):
     default_communicator = "allgather"
 
     def __init__(self, seed: int = 0):
-        self.seed = check_int("seed", seed, minimum=0)
-        self._steps: dict = {}
+        self._init_seed(seed)
 
     def params(self):
         return {"seed": self.seed}
@@ -30,9 +28,7 @@ class Natural(Compressor):
         normal = ops.greater_equal(exponent, 1)
         low = ops.power_of_two(ops.maximum(exponent, 1))  # 2^e, or the smallest normal float32
         excess = ops.where(normal, ops.sub(magnitude, low), magnitude)
-        step = ops.counter(self._steps, name)
-        uniform = ops.random_uniform(ctx.numel, lambda s: stable_seed(self.seed, name, s, ctx.rank),
-                                     step, like=flat)
+        uniform = self.uniform(ctx.numel, name, ctx, ops, like=flat)
         up = ops.cast(ops.less(uniform, ops.div(excess, low)), "int32")
         code = ops.where(normal, ops.add(exponent, up), up)
         code = ops.minimum(code, 254)  # the largest finite exponent

@@ -4,11 +4,11 @@ import math
 
 import numpy as np
 
-from grace.compressor import TINY, Compressor, compute_dtype, numel_of, stable_seed
+from grace.compressor import TINY, Compressor, Seeded, compute_dtype, numel_of
 from grace.validation import check_int
 
 
-class QSGD(Compressor):
+class QSGD(Seeded, Compressor):
     """QSGD with ``levels`` = s: each element is sent as its sign and a level in 0..s, chosen by
     stochastic rounding of ``s * |x| / ||x||_2`` (rounded up with probability equal to the
     fraction), plus the tensor's norm. The estimate ``||x|| * sign * level / s`` is unbiased. A code
@@ -20,9 +20,8 @@ class QSGD(Compressor):
 
     def __init__(self, levels: int = 7, seed: int = 0):
         self.levels = check_int("levels", levels, minimum=1)
-        self.seed = check_int("seed", seed, minimum=0)
+        self._init_seed(seed)
         self.bits = 1 + math.ceil(math.log2(self.levels + 1))
-        self._steps: dict = {}
 
     def params(self):
         return {"levels": self.levels, "seed": self.seed}
@@ -35,9 +34,7 @@ class QSGD(Compressor):
                                                        "float32").max))
         level = ops.scale(ops.div(ops.abs(x), ops.maximum(norm, TINY)), float(self.levels))
         low = ops.floor(level)
-        step = ops.counter(self._steps, name)
-        uniform = ops.random_uniform(ctx.numel, lambda s: stable_seed(self.seed, name, s, ctx.rank),
-                                     step, like=flat)
+        uniform = self.uniform(ctx.numel, name, ctx, ops, like=flat)
         up = ops.less(ops.cast(uniform, ops.dtype(x)), ops.sub(level, low))
         q = ops.add(low, ops.cast(up, ops.dtype(x)))
         negative = ops.cast(ops.less(x, 0.0), ops.dtype(x))

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-from grace.compressor import Compressor, numel_of, stable_seed
-from grace.validation import check_bool, check_int, check_ratio
+from grace.compressor import Compressor, Seeded, numel_of, stable_seed
+from grace.validation import check_bool, check_ratio
 
 
-class RandomK(Compressor):
+class RandomK(Seeded, Compressor):
     """Random-k sparsification: each step keeps ``k = max(1, int(ratio * numel))`` entries chosen
     uniformly at random and sends only their values. The indices are never sent: every worker draws
     the same ones from a private generator seeded by (``seed``, tensor name, step), so payloads share
@@ -19,9 +19,8 @@ class RandomK(Compressor):
 
     def __init__(self, ratio: float = 0.01, seed: int = 0, scale: bool = False):
         self.ratio = check_ratio("ratio", ratio)
-        self.seed = check_int("seed", seed, minimum=0)
+        self._init_seed(seed)
         self.scale = check_bool("scale", scale)
-        self._steps: dict[str, int] = {}
 
     def params(self):
         return {"ratio": self.ratio, "seed": self.seed, "scale": self.scale}
@@ -35,9 +34,8 @@ class RandomK(Compressor):
         return stable_seed(self.seed, name, step)
 
     def encode(self, flat, name, ctx, ops):
-        step = ops.counter(self._steps, name)
         k = self.k(ctx.numel)
-        indices = ops.random_indices(ctx.numel, k, lambda s: self.step_seed(name, s), step, like=flat)
+        indices = self.indices(ctx.numel, k, name, ctx, ops, like=flat, shared=True)
         ctx.data["indices"] = indices
         values = ops.gather(flat, indices)
         if self.scale:

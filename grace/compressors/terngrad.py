@@ -2,11 +2,10 @@ from __future__ import annotations
 
 import math
 
-from grace.compressor import TINY, Compressor, compute_dtype, numel_of, stable_seed
-from grace.validation import check_int
+from grace.compressor import TINY, Compressor, Seeded, compute_dtype, numel_of
 
 
-class TernGrad(Compressor):
+class TernGrad(Seeded, Compressor):
     """TernGrad: with ``s = max |x|``, each element becomes ``s * sign(x) * b`` where ``b`` is 1 with
     probability ``|x| / s``, else 0, an unbiased estimate in {-s, 0, s}. Sent: ``s`` and the ternary
     codes, 2 bits each, packed. Wen et al., "TernGrad: Ternary Gradients to Reduce Communication in
@@ -17,8 +16,7 @@ class TernGrad(Compressor):
     default_communicator = "allgather"
 
     def __init__(self, seed: int = 0):
-        self.seed = check_int("seed", seed, minimum=0)
-        self._steps: dict = {}
+        self._init_seed(seed)
 
     def params(self):
         return {"seed": self.seed}
@@ -27,9 +25,7 @@ class TernGrad(Compressor):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         scale = ops.max(ops.abs(x))
         probability = ops.div(ops.abs(x), ops.maximum(scale, TINY))
-        step = ops.counter(self._steps, name)
-        uniform = ops.random_uniform(ctx.numel, lambda s: stable_seed(self.seed, name, s, ctx.rank),
-                                     step, like=flat)
+        uniform = self.uniform(ctx.numel, name, ctx, ops, like=flat)
         keep = ops.cast(ops.less(ops.cast(uniform, ops.dtype(x)), probability), ops.dtype(x))
         codes = ops.cast(ops.add(ops.mul(ops.sign(x), keep), ops.full(ctx.numel, 1.0, ops.dtype(x),
                                                                       like=x)), "int32")
