@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
 Tensor = Any
@@ -261,24 +262,67 @@ class Ops(ABC):
         return self.from_numpy(draw_indices(n, k, seed_of(int(step))), like)
 
     # --- state kept across steps ---------------------------------------------------------------
-    # Memories and compressors keep per-tensor state in plain dicts through these three methods, so
-    # that an adapter whose code is traced once (TensorFlow's tf.function) can hold it in variables
-    # that the traced graph reads and updates on every call.
+    # Memories and compressors keep per-tensor state in plain dicts through ``load``, ``save`` and
+    # ``counter``, so that an adapter whose code is traced once (TensorFlow's tf.function) can hold
+    # it in variables that the traced graph reads and updates on every call. While a transaction is
+    # open (``within``), writes stay pending and reads see them; ``commit`` applies them, or drops
+    # them where the step must leave no trace (a non-finite gradient on some worker).
+
+    _pending: dict | None = None
 
     def load(self, store: dict, key: str, like: Tensor, initial: Any = None) -> Tensor | None:
         """The state ``store[key]`` (shaped like ``like``). Before the first ``save`` it is
         ``initial`` (a numpy array) if given, else ``None`` here, zeros in adapters whose state must
         exist from the first traced call."""
-        if key in store:
-            return store[key]
-        return None if initial is None else self.from_numpy(initial, like)
+        if self._pending is not None and (id(store), key) in self._pending:
+            return self._pending[(id(store), key)][2]
+        return self._load(store, key, like, initial)
 
     def save(self, store: dict, key: str, value: Tensor) -> None:
-        store[key] = value
+        if self._pending is not None:
+            self._pending[(id(store), key)] = (store, key, value)
+        else:
+            self._save(store, key, value)
 
     def counter(self, store: dict, key: str, increment: int = 1) -> Any:
         """Add ``increment`` to the integer counter ``store[key]`` (0 at first) and return its value
         before the addition."""
+        if self._pending is None:
+            return self._counter(store, key, increment)
+        entry = self._pending.get((id(store), key))
+        value = entry[2] if entry is not None else self._counter_value(store, key)
+        self._pending[(id(store), key)] = (store, key, value + increment)
+        return value
+
+    @contextmanager
+    def within(self, transaction: dict | None):
+        """Route state writes into ``transaction`` (a dict from ``{}``) for the ``with`` block;
+        ``None`` writes through."""
+        previous, self._pending = self._pending, transaction
+        try:
+            yield
+        finally:
+            self._pending = previous
+
+    def commit(self, transaction: dict, discard: Tensor) -> None:
+        """Apply the pending writes, unless the 1-element ``discard`` flag is non-zero."""
+        if not float(self.to_numpy(discard).reshape(-1)[0]):
+            for store, key, value in transaction.values():
+                self._save(store, key, value)
+
+    # The adapter's own storage, without transactions.
+    def _load(self, store, key, like, initial):
+        if key in store:
+            return store[key]
+        return None if initial is None else self.from_numpy(initial, like)
+
+    def _save(self, store, key, value):
+        store[key] = value
+
+    def _counter_value(self, store, key):
+        return store.get(key, 0)
+
+    def _counter(self, store, key, increment):
         value = store.get(key, 0)
         store[key] = value + increment
         return value
@@ -294,10 +338,6 @@ class Ops(ABC):
 
         values = np.random.default_rng(seed).standard_normal(tuple(shape)).astype(np.float32)
         return self.from_numpy(values, like)
-
-    traced_state = False
-    """True where state lives in variables updated in place by traced code (TensorFlow): the
-    pipeline then cannot roll a tensor's state back after a non-finite step."""
 
     @staticmethod
     def value_of(state: Any) -> Any:

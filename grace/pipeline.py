@@ -29,7 +29,7 @@ class Pending:
     memory: Memory | None = None  # kept for a second round (PowerSGD)
     compensated: Tensor | None = None
     nonfinite: Any = None  # handle of the allreduced "some worker's tensor is not finite" flag
-    snapshot: list | None = None  # this tensor's state before the step, to roll back to
+    transaction: dict | None = None  # this tensor's state writes, committed once the flag is known
 
 
 def _copy(value: Any) -> Any:
@@ -53,24 +53,6 @@ def _restore(store: dict, key: str, value: Any, ops: Ops | None) -> None:
         store[key] = _copy(value)
 
 
-_MISSING = object()
-
-
-def _snapshot(name: str, *owners) -> list:
-    """``name``'s entry in every state store of the owners. Eager adapters replace entries rather
-    than change them in place, so references are a faithful copy."""
-    return [(store, name, store.get(name, _MISSING))
-            for owner in owners for store in owner.state().values()]
-
-
-def _restore_snapshot(snapshot: list) -> None:
-    for store, name, value in snapshot:
-        if value is _MISSING:
-            store.pop(name, None)
-        else:
-            store[name] = value
-
-
 def _sum_payloads(payloads: list, ops: Ops) -> list:
     """Per-worker payloads added component by component (a single one is returned as it is)."""
     total = list(payloads[0])
@@ -90,10 +72,10 @@ class Pipeline:
     dense tensor, and integer or boolean tensors. Empty tensors never reach a collective.
 
     Non-finite gradients (``check_finite``, on by default): with each tensor a 4-byte flag is
-    allreduced. If any worker's tensor held an Inf or NaN, every worker puts this tensor's compression
-    state (residuals, momenta, counters) back as it was before the step and returns NaN, so that a
-    loss scaler sees the overflow and skips the step with nothing absorbed into the state. (Where state
-    lives in traced variables, TensorFlow, the flag is not exchanged: see docs/reliability.md.)
+    allreduced, and the tensor's state writes (residuals, momenta, counters) stay pending until it
+    arrives. If any worker's tensor held an Inf or NaN, every worker drops them, leaving the state as
+    it was before the step, and returns NaN, so that a loss scaler sees the overflow and skips the
+    step with nothing absorbed into the state. Eagerly and under tf.function alike.
 
     ``stats()`` reports, cumulatively for this worker, the payload bytes put into collectives
     (``bytes_sent``) against the bytes of the dense tensors (``bytes_dense``).
@@ -155,22 +137,23 @@ class Pipeline:
         else:
             compressor, memory, communicator = (self._dense_compressor, self._dense_memory,
                                                 self._dense_communicator)
-        nonfinite = snapshot = None
-        if self.check_finite and not ops.traced_state:
+        nonfinite = transaction = None
+        if self.check_finite:
             flag = ops.nonfinite_flag(tensor)
             nonfinite = group.allreduce_async(flag, f"grace.{name}.nonfinite")
             ops.counter(self._counters, "bytes_control", ops.nbytes(flag))
-            snapshot = _snapshot(name, compressor, memory)
-        compensated = memory.compensate(tensor, name, ops)
-        payload, ctx = compressor.compress(compensated, name, ops, rank=group.rank)
-        if compressor.rounds == 1:
-            memory.update(compensated, name, compressor, payload, ctx, ops)
+            transaction = {}
+        with ops.within(transaction):
+            compensated = memory.compensate(tensor, name, ops)
+            payload, ctx = compressor.compress(compensated, name, ops, rank=group.rank)
+            if compressor.rounds == 1:
+                memory.update(compensated, name, compressor, payload, ctx, ops)
         handle = self._send(communicator, payload, f"grace.{name}", group, ops)
         ops.counter(self._counters, "bytes_dense", numel * ops.itemsize(dtype))
         ops.counter(self._counters, "tensors")
         return Pending(name, ctx, compressor, communicator, handle, ops, memory=memory,
                        compensated=compensated if compressor.rounds == 2 else None,
-                       nonfinite=nonfinite, snapshot=snapshot)
+                       nonfinite=nonfinite, transaction=transaction)
 
     def _send(self, communicator, payload, name, group, ops):
         ops.counter(self._counters, "bytes_sent", communicator.bytes_sent(payload, group, ops))
@@ -186,17 +169,26 @@ class Pipeline:
         if compressor.rounds == 2:
             # The second payload is computed from the first one summed over workers; error feedback
             # keeps what this worker's own second payload leaves out.
-            local = compressor.second_round(_sum_payloads(payloads, ops), ctx, ops)
-            pending.memory.update(pending.compensated, pending.name, compressor, local, ctx, ops)
+            with ops.within(pending.transaction):
+                local = compressor.second_round(_sum_payloads(payloads, ops), ctx, ops)
+                pending.memory.update(pending.compensated, pending.name, compressor, local, ctx, ops)
             handle = self._send(pending.communicator, local, f"grace.{pending.name}.2", group, ops)
             payloads = pending.communicator.finish(handle, group, ops)
-            compressor.after_aggregate(_sum_payloads(payloads, ops), ctx, ops)
-        decompressed = [compressor.decompress(p, ctx, ops) for p in payloads]
-        total = compressor.aggregate(decompressed, ops)
-        if pending.nonfinite is not None and float(ops.to_numpy(group.synchronize(pending.nonfinite))[0]):
-            _restore_snapshot(pending.snapshot)
-            return ops.reshape(ops.full(ctx.numel, float("nan"), ctx.dtype, like=total), ctx.shape)
-        return total if scale == 1.0 else ops.scale(total, scale)
+            with ops.within(pending.transaction):
+                compressor.after_aggregate(_sum_payloads(payloads, ops), ctx, ops)
+        with ops.within(pending.transaction):
+            decompressed = [compressor.decompress(p, ctx, ops) for p in payloads]
+            total = compressor.aggregate(decompressed, ops)
+        if scale != 1.0:
+            total = ops.scale(total, scale)
+        if pending.transaction is None:
+            return total
+        flag = group.synchronize(pending.nonfinite)
+        ops.commit(pending.transaction, flag)
+        # NaN everywhere if some worker's tensor was not finite, so that a loss scaler skips the step.
+        nan = ops.full(ctx.numel, float("nan"), ctx.dtype, like=total)
+        dropped = ops.greater_equal(ops.cast(flag, "float32"), 0.5)
+        return ops.reshape(ops.where(dropped, nan, ops.flatten(total)), ctx.shape)
 
     def reduce(self, tensor: Tensor, name: str, group: Collectives, scale: float = 1.0) -> Tensor:
         """``start`` and ``finish`` in one call."""

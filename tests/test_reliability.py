@@ -194,3 +194,35 @@ def test_sparse_gradient_without_sparse_as_dense_is_refused_clearly(edges_run):
         message = (edges_run / f"sparse.rank{rank}.txt").read_text()
         assert message == ("the gradient of 'embedding.weight' is sparse; grace compresses dense "
                            "tensors: pass sparse_as_dense=True to DistributedOptimizer")
+
+
+TF_NONFINITE_WORKER = os.path.join(ROOT, "tests", "workers", "tf_nonfinite.py")
+
+
+@pytest.fixture(scope="module")
+def tf_nonfinite_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tf_nonfinite")
+    horovodrun(TF_NONFINITE_WORKER, str(out), timeout=400)
+    return out
+
+
+@pytest.mark.parametrize("name", ["topk", "dgc", "signum", "powersgd", "randomk"])
+def test_tensorflow_overflow_leaves_no_trace_under_tf_function(tf_nonfinite_run, name):
+    import pickle
+
+    for rank in range(2):
+        record = pickle.loads((tf_nonfinite_run / f"tf_{name}.states.rank{rank}.pkl").read_bytes())
+        assert record["unchanged"]
+        before, after = record["before"], record["after"]
+        assert before["memory"] or before["compressor"]  # there is state to compare
+        for part in ("compressor", "memory"):
+            assert before[part].keys() == after[part].keys()
+            for attr in before[part]:
+                assert before[part][attr].keys() == after[part][attr].keys()
+                for key in before[part][attr]:
+                    assert np.array_equal(before[part][attr][key], after[part][attr][key]), \
+                        f"{part}.{attr}.{key} changed on rank {rank}"
+        overflow = np.load(tf_nonfinite_run / f"tf_{name}.overflow.rank{rank}.npz")
+        skipped = np.load(tf_nonfinite_run / f"tf_{name}.skipped.rank{rank}.npz")
+        np.testing.assert_array_equal(overflow["w"], skipped["w"])
+        np.testing.assert_array_equal(overflow["b"], skipped["b"])

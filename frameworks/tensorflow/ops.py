@@ -142,8 +142,6 @@ class TensorFlowOps(Ops):
         return tf.reshape(tf.cond(tf.size(x) > 0, lambda: tf.reduce_max(x),
                                   lambda: tf.zeros([], x.dtype)), [1])
 
-    traced_state = True
-
     def nonfinite_flag(self, x):
         finite = tf.reduce_all(tf.math.is_finite(tf.cast(x, tf.float32)))
         return tf.reshape(1.0 - tf.cast(finite, tf.float32), [1])
@@ -202,23 +200,37 @@ class TensorFlowOps(Ops):
         indices.set_shape([k])
         return indices
 
-    def load(self, store, key, like, initial=None):
+    def _load(self, store, key, like, initial):
         if key not in store:
             value = tf.zeros_like(like) if initial is None else tf.constant(initial, like.dtype)
             store[key] = tf.Variable(value, trainable=False, name=_variable_name(key))
         return store[key].read_value()
 
-    def save(self, store, key, value):
+    def _variable(self, store, key, like):
         if key not in store:
-            store[key] = tf.Variable(tf.zeros_like(value), trainable=False,
-                                     name=_variable_name(key))
-        store[key].assign(value)
+            store[key] = tf.Variable(tf.zeros_like(like), trainable=False, name=_variable_name(key))
+        return store[key]
+
+    def _save(self, store, key, value):
+        self._variable(store, key, value).assign(value)
+
+    def _counter_value(self, store, key):
+        return self._variable(store, key, tf.constant(0, tf.int64)).read_value()
+
+    def _counter(self, store, key, increment):
+        increment = tf.cast(increment, tf.int64)
+        return self._variable(store, key, tf.constant(0, tf.int64)).assign_add(increment) - increment
 
     def counter(self, store, key, increment=1):
-        if key not in store:
-            store[key] = tf.Variable(0, dtype=tf.int64, trainable=False, name=_variable_name(key))
-        increment = tf.cast(increment, tf.int64)
-        return store[key].assign_add(increment) - increment
+        return super().counter(store, key, tf.cast(increment, tf.int64))
+
+    def commit(self, transaction, discard):
+        # In a traced graph the flag is only known when it runs: every write keeps the old value
+        # where the flag is set.
+        drop = tf.reshape(tf.cast(discard, tf.float32), [-1])[0] > 0
+        for store, key, value in transaction.values():
+            variable = self._variable(store, key, value)
+            variable.assign(tf.where(drop, variable.read_value(), tf.cast(value, variable.dtype)))
 
 
 def _like(value, tensor):
