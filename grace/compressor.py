@@ -141,6 +141,9 @@ class Seeded:
         self.seed = check_int("seed", seed, minimum=0)
         self._steps: dict = {}
 
+    def params(self) -> dict[str, Any]:
+        return {"seed": self.seed}
+
     def _seed_of(self, name: str, ctx: Context, shared: bool):
         if shared:
             return lambda step: stable_seed(self.seed, name, step)

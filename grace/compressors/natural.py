@@ -18,9 +18,6 @@ class Natural(Seeded, Compressor):
     def __init__(self, seed: int = 0):
         self._init_seed(seed)
 
-    def params(self):
-        return {"seed": self.seed}
-
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, "float32")
         magnitude = ops.abs(x)
