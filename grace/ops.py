@@ -304,11 +304,22 @@ class Ops(ABC):
         finally:
             self._pending = previous
 
-    def commit(self, transaction: dict, discard: Tensor) -> None:
-        """Apply the pending writes, unless the 1-element ``discard`` flag is non-zero."""
-        if not float(self.to_numpy(discard).reshape(-1)[0]):
+    def commit(self, transaction: dict, discard: Tensor) -> Any:
+        """Apply the pending writes, unless the 1-element ``discard`` flag is non-zero. Returns
+        whether they were dropped (a bool, or a boolean tensor in a traced graph)."""
+        dropped = bool(float(self.to_numpy(discard).reshape(-1)[0]))
+        if not dropped:
             for store, key, value in transaction.values():
                 self._save(store, key, value)
+        return dropped
+
+    def nan_if(self, dropped: Any, x: Tensor) -> Tensor:
+        """``x``, or a tensor of NaN of its shape and dtype where ``dropped`` (``commit``'s
+        answer) is true."""
+        if not dropped:
+            return x
+        return self.reshape(self.full(self.numel(x), float("nan"), self.dtype(x), like=x),
+                            self.shape(x))
 
     # The adapter's own storage, without transactions.
     def _load(self, store, key, like, initial):
@@ -331,13 +342,6 @@ class Ops(ABC):
         """``n`` float32 draws from [0, 1) from a private generator seeded with ``seed_of(step)``, the
         same in every adapter."""
         return self.from_numpy(draw_uniform(n, seed_of(int(step))), like)
-
-    def random_normal(self, shape: Sequence[int], seed: int, like: Tensor) -> Tensor:
-        """Standard normal float32 draws of ``shape`` from a private generator."""
-        import numpy as np
-
-        values = np.random.default_rng(seed).standard_normal(tuple(shape)).astype(np.float32)
-        return self.from_numpy(values, like)
 
     @staticmethod
     def value_of(state: Any) -> Any:

@@ -26,8 +26,8 @@ class Pending:
     handle: Any
     ops: Ops
     ready: Tensor | None = None  # set when nothing had to travel (empty tensors)
-    memory: Memory | None = None  # kept for a second round (PowerSGD)
-    compensated: Tensor | None = None
+    memory: Memory | None = None
+    compensated: Tensor | None = None  # kept for a second round (PowerSGD)
     nonfinite: Any = None  # handle of the allreduced "some worker's tensor is not finite" flag
     transaction: dict | None = None  # this tensor's state writes, committed once the flag is known
 
@@ -127,12 +127,12 @@ class Pipeline:
     def start(self, tensor: Tensor, name: str, group: Collectives, ops: Ops | None = None) -> Pending:
         """Compress ``tensor`` (with error feedback) and start its collectives."""
         ops = ops or ops_for(tensor)
-        numel, dtype = ops.numel(tensor), ops.dtype(tensor)
+        shape, numel, dtype = ops.shape(tensor), ops.numel(tensor), ops.dtype(tensor)
         if numel == 0:
-            ctx = Context(ops.shape(tensor), dtype, 0)
+            ctx = Context(shape, dtype, 0)
             return Pending(name, ctx, self._dense_compressor, self._dense_communicator, None, ops,
                            ready=ops.copy(tensor))
-        if self.compresses(ops.shape(tensor), dtype, ops):
+        if self.compresses(shape, dtype, ops):
             compressor, memory, communicator = self.compressor, self.memory, self.communicator
         else:
             compressor, memory, communicator = (self._dense_compressor, self._dense_memory,
@@ -183,12 +183,9 @@ class Pipeline:
             total = ops.scale(total, scale)
         if pending.transaction is None:
             return total
-        flag = group.synchronize(pending.nonfinite)
-        ops.commit(pending.transaction, flag)
+        dropped = ops.commit(pending.transaction, group.synchronize(pending.nonfinite))
         # NaN everywhere if some worker's tensor was not finite, so that a loss scaler skips the step.
-        nan = ops.full(ctx.numel, float("nan"), ctx.dtype, like=total)
-        dropped = ops.greater_equal(ops.cast(flag, "float32"), 0.5)
-        return ops.reshape(ops.where(dropped, nan, ops.flatten(total)), ctx.shape)
+        return ops.nan_if(dropped, total)
 
     def reduce(self, tensor: Tensor, name: str, group: Collectives, scale: float = 1.0) -> Tensor:
         """``start`` and ``finish`` in one call."""

@@ -231,6 +231,10 @@ class TensorFlowOps(Ops):
         for store, key, value in transaction.values():
             variable = self._variable(store, key, value)
             variable.assign(tf.where(drop, variable.read_value(), tf.cast(value, variable.dtype)))
+        return drop
+
+    def nan_if(self, dropped, x):
+        return tf.where(dropped, tf.fill(tf.shape(x), tf.constant(float("nan"), x.dtype)), x)
 
 
 def _like(value, tensor):

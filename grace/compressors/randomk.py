@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from grace.compressor import Compressor, Seeded, numel_of, stable_seed
+from grace.compressor import Compressor, Seeded, numel_of
 from grace.validation import check_bool, check_ratio
 
 
@@ -31,7 +31,7 @@ class RandomK(Seeded, Compressor):
     def step_seed(self, name: str, step: int) -> int:
         """The generator's seed for ``name`` at ``step``: a stable hash (Python's ``hash`` differs
         between processes)."""
-        return stable_seed(self.seed, name, step)
+        return self._seed_of(name, None, shared=True)(step)
 
     def encode(self, flat, name, ctx, ops):
         k = self.k(ctx.numel)
