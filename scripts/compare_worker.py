@@ -1,0 +1,407 @@
+"""One Horovod worker of the side-by-side comparison (``scripts/compare.py`` launches it): trains one
+workload of ``workloads.py`` with PyTorch or TensorFlow and one compression, and rank 0 prints one
+``EPOCH {json}`` line per epoch and a ``RESULT {json}`` line at the end.
+
+    horovodrun -np 2 python scripts/compare_worker.py --framework tf --workload lstm \
+        --compression '{"compressor": "topk", "ratio": 0.01}'
+
+``--compression`` is ``fp32`` (Horovod's own uncompressed allreduce), ``hvd-fp16`` (Horovod's own
+``Compression.fp16``) or a ``grace.from_params`` JSON object.
+
+The step time is split by measurement, not by instrumenting the collectives: ``compute`` is the
+median time of the same step without Horovod (measured first, locally), ``compression`` the median
+time of compressing and decompressing one step's gradients with the same pipeline (no network), and
+``communication`` what remains of the distributed step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import workloads  # noqa: E402
+
+CALIBRATION_STEPS = 8
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--framework", choices=("torch", "tf"), required=True)
+    parser.add_argument("--workload", choices=workloads.WORKLOADS, required=True)
+    parser.add_argument("--compression", default="fp32")
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=60, help="steps per epoch, per worker")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--wire", action="store_true", help="read eth0's byte counters (emulated host)")
+    return parser.parse_args(argv)
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def compression_time(pipeline, grads, size: int) -> float:
+    """Seconds to compress one step's gradients and decompress them as a receiver does (each
+    worker's payload when they are gathered, the summed one when reduced), without the network."""
+    if pipeline is None:
+        return 0.0
+    from grace.ops import ops_for
+
+    def once():
+        for i, g in enumerate(grads):
+            ops = ops_for(g)
+            if not pipeline.compresses(ops.shape(g), ops.dtype(g), ops):
+                continue
+            payload, ctx = pipeline.compressor.compress(g, f"calibrate.{i}", ops)
+            copies = 1 if pipeline.communicator.name == "allreduce" else size
+            for _ in range(copies):
+                pipeline.compressor.decompress(payload, ctx, ops)
+
+    once()
+    return median_time(once, 3)
+
+
+class Meter:
+    """Per-epoch step time, and bytes on the wire when there is an ``eth0`` to read."""
+
+    def __init__(self, wire: bool):
+        self.wire = wire
+        self.start_bytes = workloads.wire_bytes() if wire else None
+        self.start = time.perf_counter()
+
+    def done(self, steps: int) -> dict:
+        seconds = time.perf_counter() - self.start
+        out = {"wall_s": seconds, "step_s": seconds / steps}
+        if self.wire and self.start_bytes is not None:
+            out["wire_bytes_per_step"] = (workloads.wire_bytes() - self.start_bytes) / steps
+        return out
+
+
+# --- PyTorch ------------------------------------------------------------------------------------
+def run_torch(args, spec):
+    import horovod.torch as hvd
+    import torch
+
+    import grace
+
+    hvd.init()
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    rank, size = hvd.rank(), hvd.size()
+    rng = np.random.default_rng(args.seed + rank)
+
+    if args.workload == "mnist":
+        import fashion_mnist
+
+        cfg = workloads.MNIST
+        train_x, train_y = fashion_mnist.load("train")
+        test_x, test_y = fashion_mnist.load("test")
+        layers, width = [], 784
+        for h in cfg["hidden"]:
+            layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
+            width = h
+        model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+        base = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
+
+        def batch():
+            idx = rng.integers(0, len(train_x), cfg["batch"])
+            return torch.from_numpy(train_x[idx]), torch.from_numpy(train_y[idx])
+
+        def loss_of(x, y):
+            return torch.nn.functional.cross_entropy(model(x), y)
+
+        def evaluate():
+            share = slice(rank, None, size)
+            with torch.no_grad():
+                pred = model(torch.from_numpy(test_x[share])).argmax(1).numpy()
+            totals = hvd.allreduce(torch.tensor([float((pred == test_y[share]).sum()),
+                                                 float(len(pred))], dtype=torch.float64),
+                                   op=hvd.Sum, name="eval")
+            return {"test_accuracy": float(totals[0] / totals[1])}
+        samples = cfg["batch"]
+    elif args.workload == "lstm":
+        cfg = workloads.LSTM
+        train, valid, vocab = workloads.shakespeare(cfg["seq"])
+
+        class CharLSTM(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = torch.nn.Embedding(vocab, cfg["embed"])
+                self.lstm = torch.nn.LSTM(cfg["embed"], cfg["hidden"], batch_first=True)
+                self.out = torch.nn.Linear(cfg["hidden"], vocab)
+
+            def forward(self, x):
+                return self.out(self.lstm(self.embed(x))[0])
+
+        model = CharLSTM()
+        base = torch.optim.SGD(model.parameters(), lr=cfg["lr"])
+
+        def batch():
+            w = torch.from_numpy(train[rng.integers(0, len(train), cfg["batch"])])
+            return w[:, :-1], w[:, 1:]
+
+        def loss_of(x, y):
+            return torch.nn.functional.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
+
+        def evaluate():
+            share = torch.from_numpy(valid[rank::size][:256])
+            with torch.no_grad():
+                nll = float(loss_of(share[:, :-1], share[:, 1:]))
+            mean = float(hvd.allreduce(torch.tensor(nll), name="eval"))
+            return {"perplexity": float(np.exp(mean))}
+        samples = cfg["batch"]
+    else:
+        shapes = workloads.resnet50_shapes()
+        gen = torch.Generator().manual_seed(args.seed + rank)
+        params = [torch.nn.Parameter(torch.zeros(s)) for _, s in shapes]
+        fixed = [torch.randn(s, generator=gen) * 1e-3 for _, s in shapes]
+        model = torch.nn.ParameterList(params)
+        base = torch.optim.SGD(params, lr=0.0)
+        loss_of = batch = None
+
+        def evaluate():
+            return {}
+        samples = workloads.EXCHANGE["batch"]
+
+    named = list(model.named_parameters())
+
+    def local_step():
+        base.zero_grad()
+        if args.workload == "exchange":
+            for p, g in zip(params, fixed):
+                p.grad = g.clone()
+        else:
+            loss = loss_of(*batch())
+            loss.backward()
+            if args.workload == "lstm":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), workloads.LSTM["clip"])
+        base.step()
+
+    compute_s = median_time(local_step, CALIBRATION_STEPS)
+    pipeline = grace.from_params(spec) if isinstance(spec, dict) else None
+    if spec == "hvd-fp16":
+        optimizer = hvd.DistributedOptimizer(base, named_parameters=named,
+                                             compression=hvd.Compression.fp16)
+    elif pipeline is not None:
+        optimizer = hvd.DistributedOptimizer(base, named_parameters=named, compression=pipeline)
+    else:
+        optimizer = hvd.DistributedOptimizer(base, named_parameters=named)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+    compress_s = compression_time(pipeline, grads, size)
+    if spec == "hvd-fp16":
+        compress_s = median_time(lambda: [g.half().float() for g in grads], 3)
+
+    def dist_step():
+        optimizer.zero_grad()
+        if args.workload == "exchange":
+            for p, g in zip(params, fixed):
+                p.grad = g.clone()
+            optimizer.step()
+            return
+        loss = loss_of(*batch())
+        loss.backward()
+        if args.workload == "lstm":
+            optimizer.synchronize()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), workloads.LSTM["clip"])
+            with optimizer.skip_synchronize():
+                optimizer.step()
+        else:
+            optimizer.step()
+
+    dist_step()  # a first step outside the timings: Horovod negotiates each tensor once
+    report(args, hvd.rank(), size, samples, compute_s, compress_s, dist_step, evaluate,
+           lambda: pipeline.stats() if pipeline else None, dense_bytes(grads, spec),
+           lambda: hvd.allreduce(torch.zeros(1), name="barrier"))
+
+
+def dense_bytes(grads, spec) -> int:
+    """What a worker puts into Horovod's allreduce per step without grace."""
+    n = sum(int(np.prod(g.shape)) for g in grads)
+    return n * (2 if spec == "hvd-fp16" else 4)
+
+
+# --- TensorFlow ---------------------------------------------------------------------------------
+def run_tf(args, spec):
+    import horovod.tensorflow as hvd
+    import keras
+    import tensorflow as tf
+
+    import grace
+    from frameworks.tensorflow.keras import broadcast_variables
+
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    hvd.init()
+    keras.utils.set_random_seed(args.seed)
+    rank, size = hvd.rank(), hvd.size()
+    rng = np.random.default_rng(args.seed + rank)
+
+    if args.workload == "mnist":
+        import fashion_mnist
+
+        cfg = workloads.MNIST
+        train_x, train_y = fashion_mnist.load("train")
+        test_x, test_y = fashion_mnist.load("test")
+        model = keras.Sequential([keras.Input((784,))] +
+                                 [keras.layers.Dense(h, activation="relu") for h in cfg["hidden"]] +
+                                 [keras.layers.Dense(10)])
+        base = keras.optimizers.SGD(cfg["lr"], momentum=cfg["momentum"])
+        xent = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+        def batch():
+            idx = rng.integers(0, len(train_x), cfg["batch"])
+            return tf.constant(train_x[idx]), tf.constant(train_y[idx])
+
+        def loss_of(x, y):
+            return xent(y, model(x, training=True))
+
+        def evaluate():
+            share = slice(rank, None, size)
+            pred = np.argmax(model.predict_on_batch(test_x[share]), 1)
+            totals = hvd.allreduce(tf.constant([float((pred == test_y[share]).sum()), float(len(pred))],
+                                               tf.float64), op=hvd.Sum, name="eval")
+            return {"test_accuracy": float(totals[0] / totals[1])}
+        samples = cfg["batch"]
+    elif args.workload == "lstm":
+        cfg = workloads.LSTM
+        train, valid, vocab = workloads.shakespeare(cfg["seq"])
+        model = keras.Sequential([keras.Input((cfg["seq"],), dtype="int64"),
+                                  keras.layers.Embedding(vocab, cfg["embed"]),
+                                  keras.layers.LSTM(cfg["hidden"], return_sequences=True),
+                                  keras.layers.Dense(vocab)])
+        base = keras.optimizers.SGD(cfg["lr"])
+        xent = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+        def batch():
+            w = train[rng.integers(0, len(train), cfg["batch"])]
+            return tf.constant(w[:, :-1]), tf.constant(w[:, 1:])
+
+        def loss_of(x, y):
+            return xent(y, model(x, training=True))
+
+        def evaluate():
+            share = valid[rank::size][:256]
+            nll = float(xent(share[:, 1:], model(share[:, :-1], training=False)))
+            mean = float(hvd.allreduce(tf.constant(nll), name="eval"))
+            return {"perplexity": float(np.exp(mean))}
+        samples = cfg["batch"]
+    else:
+        shapes = workloads.resnet50_shapes()
+        variables = [tf.Variable(tf.zeros(s)) for _, s in shapes]
+        fixed = [tf.constant(np.random.default_rng(args.seed + rank).standard_normal(s, np.float32)
+                             * 1e-3) for _, s in shapes]
+        base = keras.optimizers.SGD(0.0)
+        model = None
+        batch = None
+
+        def loss_of():
+            return tf.add_n([tf.reduce_sum(v * g) for v, g in zip(variables, fixed)])
+
+        def evaluate():
+            return {}
+        samples = workloads.EXCHANGE["batch"]
+
+    if model is not None:
+        variables = model.trainable_variables
+    # Horovod's tape needs tf.Variables (it calls .ref()); a Keras 3 variable holds one in .value.
+    watched = [getattr(v, "value", v) for v in variables]
+    clip = workloads.LSTM["clip"] if args.workload == "lstm" else None
+    pipeline = grace.from_params(spec) if isinstance(spec, dict) else None
+    compression = (hvd.Compression.fp16 if spec == "hvd-fp16" else pipeline) or hvd.Compression.none
+
+    def make_step(distributed):
+        @tf.function
+        def step(*data):
+            with tf.GradientTape() as tape:
+                loss = loss_of(*data)
+            if distributed:
+                tape = hvd.DistributedGradientTape(tape, compression=compression, sparse_as_dense=True)
+            grads = tape.gradient(loss, watched)
+            if clip:
+                grads, _ = tf.clip_by_global_norm(grads, clip)
+            base.apply(grads, variables)
+            return grads
+        return step
+
+    local, distributed = make_step(False), make_step(True)
+    data = (lambda: batch()) if batch else (lambda: ())
+    local(*data())
+    compute_s = median_time(lambda: local(*data()), CALIBRATION_STEPS)
+    broadcast_variables(variables, root_rank=0)  # Horovod's fails on Keras 3 variables
+    grads = [g for g in local(*data()) if g is not None]
+    grads = [tf.convert_to_tensor(g) for g in grads]
+    if spec == "hvd-fp16":
+        compress_s = median_time(lambda: [tf.cast(tf.cast(g, tf.float16), tf.float32) for g in grads], 3)
+    else:
+        compress_s = compression_time(pipeline, grads, size)
+
+    def dist_step():
+        distributed(*data())
+
+    dist_step()  # traces, and lets Horovod negotiate each tensor once
+    report(args, rank, size, samples, compute_s, compress_s, dist_step, evaluate,
+           lambda: pipeline.stats() if pipeline else None, dense_bytes(grads, spec),
+           lambda: hvd.allreduce(tf.zeros(1), name="barrier"))
+
+
+# --- both ---------------------------------------------------------------------------------------
+def report(args, rank, size, samples, compute_s, compress_s, dist_step, evaluate, stats, dense,
+           barrier):
+    """Train ``--epochs`` × ``--steps``; rank 0 prints per-epoch and final JSON lines."""
+    epochs = []
+    sent_before = (stats() or {}).get("bytes_sent", 0)
+    wall = 0.0
+    for epoch in range(1, args.epochs + 1):
+        barrier()
+        meter = Meter(args.wire)
+        for _ in range(args.steps):
+            dist_step()
+        barrier()
+        row = {"epoch": epoch, **meter.done(args.steps)}
+        s = stats()
+        if s is None:
+            row["bytes_per_step"] = dense
+        else:
+            row["bytes_per_step"] = (s["bytes_sent"] - sent_before) / args.steps
+            sent_before = s["bytes_sent"]
+        wall += row["wall_s"]
+        row.update(evaluate(), train_wall_s=wall)
+        epochs.append(row)
+        if rank == 0:
+            print("EPOCH " + json.dumps(row), flush=True)
+    step_s = float(np.median([e["step_s"] for e in epochs]))
+    result = {"framework": args.framework, "workload": args.workload, "workers": size,
+              "step_s": step_s, "samples_per_s": samples * size / step_s,
+              "compute_s": compute_s, "compression_s": compress_s,
+              "communication_s": max(0.0, step_s - compute_s - compress_s),
+              "bytes_per_step": float(np.mean([e["bytes_per_step"] for e in epochs])),
+              "epochs": epochs}
+    wire = [e["wire_bytes_per_step"] for e in epochs if "wire_bytes_per_step" in e]
+    if wire:
+        result["wire_bytes_per_step"] = float(np.mean(wire))
+    if rank == 0:
+        print("RESULT " + json.dumps(result), flush=True)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    spec = args.compression
+    if spec not in ("fp32", "hvd-fp16"):
+        spec = json.loads(spec)
+    (run_torch if args.framework == "torch" else run_tf)(args, spec)
+
+
+if __name__ == "__main__":
+    main()

