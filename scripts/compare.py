@@ -90,7 +90,7 @@ def run_one(fw, workload, compression, rate, workers, args, emulate: bool) -> di
             horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
             output = _run([horovodrun, "-np", str(workers), "-H", f"localhost:{workers}", "--gloo",
                            *command], args.timeout)
-    except Exception as e:  # noqa: BLE001: every failure becomes a row, with its reason
+    except Exception as e:  # noqa: BLE001 (every failure becomes a row, with its reason)
         return {**row, "status": f"failed: {str(e).strip().splitlines()[-1][:160]}"}
     results = [line.split("RESULT ", 1)[1] for line in output.splitlines() if "RESULT " in line]
     if not results:
