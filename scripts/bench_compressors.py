@@ -1,0 +1,433 @@
+"""What compression costs next to a plain copy: for each compressor, framework and device, the median
+over ``--repeats`` of compress time, decompress time and a plain copy of the same tensors (measured in
+the same run, on the same device), the ratio (compress + decompress) / copy, the payload bytes and the
+compression ratio; on one flat tensor of ``--numel`` float32 elements and on ResNet-50's gradient
+shapes (``--model resnet50``). Tensors a pipeline would leave dense (too small, or not a matrix for
+PowerSGD) are left out of both sides.
+
+PyTorch runs eagerly (as in training); TensorFlow runs compress and decompress in one
+``tf.function`` (compress alone in another, to split the time).
+
+Two side-by-side extras:
+
+- ``--powersgd``: grace's PowerSGD (rank 2), one compress + decompress round with error feedback,
+  against PyTorch's own ``powerSGD_hook`` and ``batched_powerSGD_hook`` on the same ResNet-50
+  matrices, through a single-process Gloo group (no network on either side).
+- ``--overhead``: 2 Horovod workers time a training step with ``grace.none()`` against Horovod's own
+  ``DistributedOptimizer``, interleaved in one job.
+
+Output: a markdown table on stdout; ``--json FILE``, ``--plot FILE.png``.
+
+    python scripts/bench_compressors.py                       # every compressor, torch and tf
+    python scripts/bench_compressors.py --compressors topk,qsgd --frameworks torch --numel 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import workloads  # noqa: E402
+
+import grace  # noqa: E402
+from grace.ops import ops_for  # noqa: E402
+
+TARGET_2 = ("topk", "randomk", "signsgd", "onebit", "terngrad", "qsgd")
+
+
+def median_seconds(fn, repeats: int, sync=lambda: None) -> float:
+    times = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def target(name: str) -> int:
+    return 2 if name in TARGET_2 else 3
+
+
+# --- the catalogue ------------------------------------------------------------------------------
+def torch_case(name, tensors, repeats, device):
+    import torch
+
+    pipeline = grace.build(name)
+    comp = pipeline.compressor
+    ops = ops_for(tensors[0])
+    kept = [t for t in tensors if pipeline.compresses(tuple(t.shape), ops.dtype(t), ops)]
+    if not kept:
+        return None
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    state = {}
+
+    def compress():
+        state["out"] = [comp.compress(t, f"t{i}", ops) for i, t in enumerate(kept)]
+
+    def decompress():
+        for payload, ctx in state["out"]:
+            comp.decompress(payload, ctx, ops)
+
+    def copy():
+        for t in kept:
+            t.clone()
+
+    compress()
+    decompress()
+    result = {"copy_s": median_seconds(copy, repeats, sync)}
+    c, d = [], []
+    for _ in range(repeats):  # alternate, so that both see the same state of the machine
+        c.append(median_seconds(compress, 1, sync))
+        d.append(median_seconds(decompress, 1, sync))
+    result.update(compress_s=float(np.median(c)), decompress_s=float(np.median(d)))
+    payload = sum(ops.nbytes(p) for out, _ in state["out"] for p in out)
+    dense = sum(ops.nbytes(t) for t in kept)
+    return {**result, "payload_bytes": payload, "dense_bytes": dense, "tensors": len(kept)}
+
+
+def tf_case(name, arrays, repeats):
+    import tensorflow as tf
+
+    pipeline = grace.build(name)
+    comp = pipeline.compressor
+    tensors = [tf.constant(a) for a in arrays]
+    ops = ops_for(tensors[0])
+    kept = [t for t in tensors if pipeline.compresses(tuple(t.shape), "float32", ops)]
+    if not kept:
+        return None
+
+    @tf.function
+    def compress(xs):
+        return [comp.compress(t, f"t{i}", ops)[0] for i, t in enumerate(xs)]
+
+    @tf.function
+    def round_trip(xs):
+        outs = [comp.compress(t, f"t{i}", ops) for i, t in enumerate(xs)]
+        return [comp.decompress(p, ctx, ops) for p, ctx in outs]
+
+    @tf.function
+    def copy(xs):
+        return [tf.raw_ops.DeepCopy(x=t) for t in xs]
+
+    payloads = compress(kept)
+    round_trip(kept)
+    copy(kept)
+    copy_s = median_seconds(lambda: copy(kept), repeats)
+    c, r = [], []
+    for _ in range(repeats):
+        c.append(median_seconds(lambda: compress(kept), 1))
+        r.append(median_seconds(lambda: round_trip(kept), 1))
+    compress_s, total_s = float(np.median(c)), float(np.median(r))
+    payload = sum(int(tf.size(p)) * p.dtype.size for out in payloads for p in out)
+    return {"copy_s": copy_s, "compress_s": compress_s, "decompress_s": max(0.0, total_s - compress_s),
+            "payload_bytes": payload, "dense_bytes": sum(int(tf.size(t)) * 4 for t in kept),
+            "tensors": len(kept)}
+
+
+def cases(numel: int, model: str | None) -> dict[str, list[tuple[int, ...]]]:
+    out = {f"flat {numel:,}": [(numel,)]}
+    if model == "resnet50":
+        out["resnet50"] = [s for _, s in workloads.resnet50_shapes()]
+    return out
+
+
+def bench_catalogue(args) -> list[dict]:
+    rows = []
+    devices = ["cpu"]
+    frameworks = args.frameworks
+    if "torch" in frameworks:
+        import torch
+
+        if torch.cuda.is_available():
+            devices.append("cuda")
+    rng = np.random.default_rng(0)
+    shapes = cases(args.numel, args.model)
+    arrays = {case: [rng.standard_normal(s, dtype=np.float32) for s in ss] for case, ss in shapes.items()}
+    jobs = [(fw, dev, case, name) for fw in frameworks for dev in (devices if fw == "torch" else ["cpu"])
+            for case in shapes for name in args.compressors]
+    for fw, dev, case, name in tqdm(jobs, desc="compressors", unit="case"):
+        try:
+            if fw == "torch":
+                import torch
+
+                tensors = [torch.from_numpy(a).to(dev) for a in arrays[case]]
+                result = torch_case(name, tensors, args.repeats, dev)
+            else:
+                result = tf_case(name, arrays[case], args.repeats)
+        except Exception as e:  # noqa: BLE001 (a failing case is a row, not a lost table)
+            result = {"error": f"{type(e).__name__}: {e}"[:120]}
+        if result is None:
+            continue
+        row = {"framework": fw, "device": dev, "case": case, "compressor": name, **result}
+        if "error" not in row:
+            row["ratio_to_copy"] = (row["compress_s"] + row["decompress_s"]) / row["copy_s"]
+            row["compression_ratio"] = row["dense_bytes"] / row["payload_bytes"]
+            row["target"] = target(name)
+        rows.append(row)
+    return rows
+
+
+def catalogue_table(rows: list[dict]) -> str:
+    lines = ["| framework | device | case | compressor | compress ms | decompress ms | copy ms | "
+             "(c + d) / copy | target | payload MiB | compression |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['framework']} | {r['device']} | {r['case']} | {r['compressor']} | "
+                         f"{r['error']} | | | | | | |")
+            continue
+        mark = "" if r["ratio_to_copy"] <= r["target"] else " ✗"
+        lines.append(f"| {r['framework']} | {r['device']} | {r['case']} | {r['compressor']} | "
+                     f"{r['compress_s'] * 1e3:.1f} | {r['decompress_s'] * 1e3:.1f} | "
+                     f"{r['copy_s'] * 1e3:.1f} | {r['ratio_to_copy']:.2f}{mark} | ≤ {r['target']} | "
+                     f"{r['payload_bytes'] / 2**20:.2f} | {r['compression_ratio']:.1f}× |")
+    return "\n".join(lines)
+
+
+def tf_vs_torch(rows: list[dict]) -> str:
+    by = {(r["case"], r["compressor"], r["framework"]): r for r in rows
+          if "error" not in r and r["device"] == "cpu"}
+    lines = ["| case | compressor | torch (c + d) ms | tf (c + d) ms | tf / torch |",
+             "|---|---|---:|---:|---:|"]
+    for (case, name, fw), r in by.items():
+        other = by.get((case, name, "tf"))
+        if fw != "torch" or other is None:
+            continue
+        t = r["compress_s"] + r["decompress_s"]
+        f = other["compress_s"] + other["decompress_s"]
+        lines.append(f"| {case} | {name} | {t * 1e3:.1f} | {f * 1e3:.1f} | {f / t:.2f} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+# --- PowerSGD against PyTorch's hooks -----------------------------------------------------------
+class _Bucket:
+    """What PyTorch's PowerSGD hooks read of a DDP gradient bucket: one flat buffer and per-parameter
+    views of it (GradBucket has no Python constructor)."""
+
+    def __init__(self, buffer, shapes):
+        self._buffer, self._grads, offset = buffer, [], 0
+        for s in shapes:
+            n = int(np.prod(s))
+            self._grads.append(buffer[offset:offset + n].view(s))
+            offset += n
+
+    def buffer(self):
+        return self._buffer
+
+    def gradients(self):
+        return self._grads
+
+    def index(self):
+        return 0
+
+    def is_last(self):
+        return True
+
+
+def bench_powersgd(args) -> list[dict]:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as hooks
+
+    from grace.backends.numpy_collectives import InProcessGroup
+
+    shapes = [s for _, s in workloads.resnet50_shapes()]
+    torch.manual_seed(0)
+    grads = [torch.randn(s) for s in shapes]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    store = tempfile.mktemp(prefix="grace-gloo-")
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    rows = []
+
+    def torch_hook(hook):
+        state = hooks.PowerSGDState(process_group=None, matrix_approximation_rank=2,
+                                    start_powerSGD_iter=2, min_compression_rate=1,
+                                    use_error_feedback=True, warm_start=True)
+        state.iter = 2  # past the vanilla-allreduce warm-up
+
+        def once():
+            bucket = _Bucket(flat.clone(), shapes)
+            hook(state, bucket).wait()
+        return once
+
+    pipeline = grace.powersgd(rank=2, min_numel=0)
+    group = InProcessGroup(1).worker(0)
+
+    def grace_round():
+        for i, g in enumerate(grads):
+            pipeline.reduce(g, f"g{i}", group)
+
+    contenders = {"grace.powersgd(rank=2)": grace_round,
+                  "torch powerSGD_hook": torch_hook(hooks.powerSGD_hook),
+                  "torch batched_powerSGD_hook": torch_hook(hooks.batched_powerSGD_hook)}
+    for name, fn in list(contenders.items()):
+        try:
+            fn()  # warm starts and buffers exist from here on
+        except Exception as e:  # noqa: BLE001 (reported as a row, not hidden)
+            rows.append({"implementation": name, "error": f"{type(e).__name__} {e}".strip()[:100]})
+            del contenders[name]
+    times = {name: [] for name in contenders}
+    for _ in tqdm(range(args.repeats), desc="powersgd", unit="round"):
+        for name, fn in contenders.items():
+            times[name].append(median_seconds(fn, 1))
+    base = float(np.median(times["grace.powersgd(rank=2)"]))
+    for name, ts in times.items():
+        rows.append({"implementation": name, "round_s": float(np.median(ts)),
+                     "relative_to_grace": float(np.median(ts)) / base})
+    return rows
+
+
+# --- wrapper overhead on 2 workers --------------------------------------------------------------
+def overhead_worker(repeats: int) -> None:
+    import horovod.torch as hvd
+    import torch
+
+    import grace as g
+
+    hvd.init()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+
+    def make(compression):
+        model = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256),
+                                    torch.nn.ReLU(), torch.nn.Linear(256, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        kwargs = {"compression": compression} if compression is not None else {}
+        opt = hvd.DistributedOptimizer(opt, named_parameters=[(f"{id(model)}.{n}", p) for n, p in
+                                                              model.named_parameters()], **kwargs)
+        x, y = torch.randn(64, 784), torch.randint(0, 10, (64,))
+
+        def step():
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return step
+
+    steps = {"horovod": make(None), "grace.none()": make(g.none())}
+    times = {k: [] for k in steps}
+    for _ in range(20):
+        for step in steps.values():
+            step()
+    for _ in range(repeats):
+        for name, step in steps.items():  # interleaved blocks of 20 steps
+            hvd.allreduce(torch.zeros(1), name="barrier")
+            start = time.perf_counter()
+            for _ in range(20):
+                step()
+            times[name].append((time.perf_counter() - start) / 20)
+    if hvd.rank() == 0:
+        print("OVERHEAD " + json.dumps({k: float(np.median(v)) for k, v in times.items()}), flush=True)
+
+
+def bench_overhead(args) -> dict:
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    out = subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
+                          os.path.abspath(__file__), "--overhead-worker", "--repeats",
+                          str(max(args.repeats, 15))], capture_output=True, text=True, env=env,
+                         timeout=900)
+    lines = [line for line in out.stdout.splitlines() if "OVERHEAD " in line]
+    if not lines:
+        raise RuntimeError(out.stdout[-2000:] + out.stderr[-2000:])
+    times = json.loads(lines[-1].split("OVERHEAD ", 1)[1])
+    return {**times, "ratio": times["grace.none()"] / times["horovod"]}
+
+
+# --- main ---------------------------------------------------------------------------------------
+def plot(rows: list[dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if "error" not in r]
+    groups = sorted({(r["framework"], r["device"], r["case"]) for r in ok})
+    fig, axes = plt.subplots(len(groups), 1, figsize=(10, 3.2 * len(groups)), squeeze=False)
+    for ax, (fw, dev, case) in zip(axes[:, 0], groups):
+        rs = [r for r in ok if (r["framework"], r["device"], r["case"]) == (fw, dev, case)]
+        x = np.arange(len(rs))
+        ax.bar(x, [r["compress_s"] / r["copy_s"] for r in rs], label="compress")
+        ax.bar(x, [r["decompress_s"] / r["copy_s"] for r in rs],
+               bottom=[r["compress_s"] / r["copy_s"] for r in rs], label="decompress")
+        ax.scatter(x, [r["target"] for r in rs], marker="_", s=300, color="red", label="target", zorder=3)
+        ax.set_xticks(x, [r["compressor"] for r in rs], rotation=45, ha="right")
+        ax.set_ylabel("time / plain copy")
+        ax.set_title(f"{fw} on {dev}, {case}")
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--compressors", default=",".join(grace.available()))
+    parser.add_argument("--frameworks", default="torch,tf")
+    parser.add_argument("--numel", type=int, default=25_000_000)
+    parser.add_argument("--model", choices=("resnet50", "none"), default="resnet50")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--powersgd", action="store_true", help="grace's PowerSGD against torch's hooks")
+    parser.add_argument("--overhead", action="store_true", help="grace.none() against Horovod, 2 workers")
+    parser.add_argument("--skip-catalogue", action="store_true")
+    parser.add_argument("--json", help="write every figure to this file")
+    parser.add_argument("--plot", help="bar chart of (compress + decompress) / copy, PNG")
+    parser.add_argument("--overhead-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.overhead_worker:
+        overhead_worker(args.repeats)
+        return {}
+    args.compressors = [c.strip() for c in args.compressors.split(",") if c.strip()]
+    for c in args.compressors:
+        if c not in grace.available():
+            parser.error(f"--compressors: {c!r} is not one of {', '.join(grace.available())}")
+    args.frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
+    for f in args.frameworks:
+        if f not in ("torch", "tf"):
+            parser.error(f"--frameworks: {f!r} is not one of torch, tf")
+    args.model = None if args.model == "none" else args.model
+
+    report: dict = {}
+    if not args.skip_catalogue:
+        rows = bench_catalogue(args)
+        report["catalogue"] = rows
+        print(catalogue_table(rows))
+        comparison = tf_vs_torch(rows)
+        if comparison:
+            print("\nTensorFlow (tf.function) against PyTorch (eager), CPU:\n\n" + comparison)
+        if args.plot:
+            plot(rows, args.plot)
+    if args.powersgd:
+        report["powersgd"] = bench_powersgd(args)
+        print("\nPowerSGD rank 2, ResNet-50 shapes, one round without the network:\n")
+        print("| implementation | round ms | relative to grace |\n|---|---:|---:|")
+        for r in report["powersgd"]:
+            if "error" in r:
+                print(f"| {r['implementation']} | fails: {r['error']} | |")
+                continue
+            print(f"| {r['implementation']} | {r['round_s'] * 1e3:.1f} | {r['relative_to_grace']:.2f} |")
+    if args.overhead:
+        o = report["overhead"] = bench_overhead(args)
+        print(f"\nWrapper overhead, 2 workers, MLP step: Horovod {o['horovod'] * 1e3:.2f} ms, "
+              f"grace.none() {o['grace.none()'] * 1e3:.2f} ms, ratio {o['ratio']:.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return report
+
+
+if __name__ == "__main__":
+    main()
