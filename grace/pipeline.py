@@ -71,10 +71,11 @@ class Pipeline:
     fewer than ``min_numel`` elements, those whose compressed payload would not be smaller than the
     dense tensor, and integer or boolean tensors. Empty tensors never reach a collective.
 
-    Non-finite gradients (``check_finite``, on by default): with each tensor a 4-byte flag is
-    allreduced, and the tensor's state writes (residuals, momenta, counters) stay pending until it
-    arrives. If any worker's tensor held an Inf or NaN, every worker drops them, leaving the state as
-    it was before the step, and returns NaN, so that a loss scaler sees the overflow and skips the
+    Non-finite gradients (``check_finite``, on by default): with each compressed tensor a 4-byte
+    flag is allreduced (a tensor that travels dense carries its own Inf or NaN into the sum), and
+    the tensor's state writes (residuals, momenta, counters) stay pending until it arrives. If any
+    worker's tensor held an Inf or NaN, every worker drops them, leaving the state as it was before
+    the step, and returns NaN, so that a loss scaler sees the overflow and skips the
     step with nothing absorbed into the state. Eagerly and under tf.function alike.
 
     ``stats()`` reports, cumulatively for this worker, the payload bytes put into collectives
@@ -124,6 +125,22 @@ class Pipeline:
         estimate = self.compressor.payload_nbytes(tuple(shape), itemsize)
         return estimate is None or estimate < numel * itemsize
 
+    def travels_as_is(self, shape: tuple[int, ...], dtype: str, ops: Ops) -> bool:
+        """Whether a (non-empty) tensor of this shape and dtype is simply allreduced, with no state
+        and no flag: a framework wrapper may then hand it to its own in-place allreduce, after
+        ``count_as_is``."""
+        if numel_of(shape) == 0:
+            return False
+        if not self.compresses(shape, dtype, ops):
+            return True
+        return self._carries_nonfinite(self.compressor, self.memory, self.communicator)
+
+    def count_as_is(self, numel: int, itemsize: int, ops: Ops) -> None:
+        """The byte counts of a tensor a wrapper allreduced itself (see ``travels_as_is``)."""
+        for key in ("bytes_sent", "bytes_dense"):
+            ops.counter(self._counters, key, numel * itemsize)
+        ops.counter(self._counters, "tensors")
+
     def start(self, tensor: Tensor, name: str, group: Collectives, ops: Ops | None = None) -> Pending:
         """Compress ``tensor`` (with error feedback) and start its collectives."""
         ops = ops or ops_for(tensor)
@@ -138,7 +155,7 @@ class Pipeline:
             compressor, memory, communicator = (self._dense_compressor, self._dense_memory,
                                                 self._dense_communicator)
         nonfinite = transaction = None
-        if self.check_finite:
+        if self.check_finite and not self._carries_nonfinite(compressor, memory, communicator):
             flag = ops.nonfinite_flag(tensor)
             nonfinite = group.allreduce_async(flag, f"grace.{name}.nonfinite")
             ops.counter(self._counters, "bytes_control", ops.nbytes(flag))
@@ -154,6 +171,13 @@ class Pipeline:
         return Pending(name, ctx, compressor, communicator, handle, ops, memory=memory,
                        compensated=compensated if compressor.rounds == 2 else None,
                        nonfinite=nonfinite, transaction=transaction)
+
+    @staticmethod
+    def _carries_nonfinite(compressor, memory, communicator) -> bool:
+        """A tensor allreduced as it is, with no state, needs no flag: an Inf or NaN on any worker
+        is in the sum every worker receives, and there is nothing to roll back."""
+        return (isinstance(compressor, NoneCompressor) and isinstance(memory, NoneMemory)
+                and isinstance(communicator, Allreduce))
 
     def _send(self, communicator, payload, name, group, ops):
         ops.counter(self._counters, "bytes_sent", communicator.bytes_sent(payload, group, ops))

@@ -302,12 +302,12 @@ def overhead_worker(repeats: int) -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
 
-    def make(compression):
+    def make(prefix, compression):
         model = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256),
                                     torch.nn.ReLU(), torch.nn.Linear(256, 10))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         kwargs = {"compression": compression} if compression is not None else {}
-        opt = hvd.DistributedOptimizer(opt, named_parameters=[(f"{id(model)}.{n}", p) for n, p in
+        opt = hvd.DistributedOptimizer(opt, named_parameters=[(f"{prefix}.{n}", p) for n, p in
                                                               model.named_parameters()], **kwargs)
         x, y = torch.randn(64, 784), torch.randint(0, 10, (64,))
 
@@ -317,7 +317,7 @@ def overhead_worker(repeats: int) -> None:
             opt.step()
         return step
 
-    steps = {"horovod": make(None), "grace.none()": make(g.none())}
+    steps = {"horovod": make("horovod", None), "grace.none()": make("grace", g.none())}
     times = {k: [] for k in steps}
     for _ in range(20):
         for step in steps.values():

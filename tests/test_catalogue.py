@@ -320,7 +320,9 @@ def test_stats_equal_the_bytes_that_went_into_the_collectives(name):
         pipeline.reduce(x, "w", Counting())
     stats = pipeline.stats()
     assert stats["bytes_sent"] + stats["bytes_control"] == sum(sent)
-    assert stats["bytes_control"] == 4 * stats["tensors"]  # one float32 flag per tensor
+    # one float32 flag per tensor, except where the tensor is allreduced as it is: its sum carries
+    # any Inf or NaN itself
+    assert stats["bytes_control"] == (0 if name == "none" else 4 * stats["tensors"])
     assert pipeline.stats()["bytes_dense"] == 2 * nbytes(x)
     if name not in ("none", "threshold"):
         assert sum(sent) < 2 * nbytes(x)

@@ -118,7 +118,15 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
             grad = grad.to_dense()
         if self.op == hvd.Average and self.gradient_predivide_factor != 1.0:
             grad = grad / self.gradient_predivide_factor
-        return self._pipeline.start(grad, self._parameter_names[p], self._collectives, _OPS)
+        name = self._parameter_names[p]
+        if grad.dtype in _HOROVOD_FLOATS and self._pipeline.travels_as_is(tuple(grad.shape),
+                                                                          _OPS.dtype(grad), _OPS):
+            # Horovod's own in-place allreduce: the same sum, without the pipeline's per-tensor work.
+            self._pipeline.count_as_is(grad.numel(), grad.element_size(), _OPS)
+            handle = hvd.allreduce_async_(grad, name=f"grace.{name}", op=hvd.Sum,
+                                          process_set=self.process_set)
+            return _AsIs(handle, grad)
+        return self._pipeline.start(grad, name, self._collectives, _OPS)
 
     def _make_hook(self, p):
         def hook(*_):
@@ -156,7 +164,12 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         scale = self._scale()
         for p in self._requires_update:
             pending = self._handles[p]
-            result = self._pipeline.finish(pending, self._collectives, scale)
+            if isinstance(pending, _AsIs):
+                result = hvd.synchronize(pending.handle)
+                if scale != 1.0:
+                    result.mul_(scale)
+            else:
+                result = self._pipeline.finish(pending, self._collectives, scale)
             self._allreduce_delay[p] = self.backward_passes_per_step
             if p.grad.is_sparse:
                 p.grad.zero_().add_(result.to_sparse())
@@ -198,6 +211,16 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
     def compression_stats(self) -> dict:
         """This worker's ``stats()`` of the pipeline: bytes sent against dense bytes."""
         return self._pipeline.stats()
+
+
+_HOROVOD_FLOATS = (torch.float16, torch.float32, torch.float64)  # Horovod 0.28.1 has no bfloat16
+
+
+class _AsIs:
+    """A gradient in Horovod's own in-place allreduce (see ``Pipeline.travels_as_is``)."""
+
+    def __init__(self, handle, tensor):
+        self.handle, self.tensor = handle, tensor
 
 
 def _parameter_names(param_groups, named_parameters) -> dict:
