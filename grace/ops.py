@@ -241,7 +241,13 @@ class Ops(ABC):
 
     @abstractmethod
     def unpack_bits(self, packed: Tensor, bits: int, n: int) -> Tensor:
-        """The ``n`` int32 codes that ``pack_bits`` packed."""
+        """The ``n`` codes that ``pack_bits`` packed, as an integer tensor (int32, or uint8 where
+        ``bits`` divides 8 and the adapter has a faster path for it)."""
+
+    def unpack_values(self, packed: Tensor, bits: int, n: int, values: Tensor) -> Tensor:
+        """``values[code]`` for each of the ``n`` codes ``pack_bits`` packed: decoding by a table of
+        the ``2**bits`` possible values, computed once per tensor instead of once per element."""
+        return self.gather(values, self.cast(self.unpack_bits(packed, bits, n), "int32"))
 
     # --- linear algebra ------------------------------------------------------------------------
     @abstractmethod

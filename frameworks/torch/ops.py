@@ -6,6 +6,45 @@ import torch
 
 from grace.ops import Ops, index_dtype
 
+SAMPLED_TOPK_MIN = 1 << 18
+"""From this many elements, top-k selects among candidates above a threshold estimated from a
+sample instead of running ``torch.topk`` over the whole tensor."""
+
+
+def _sampled_topk(x: torch.Tensor, k: int) -> torch.Tensor | None:
+    """The exact top-k by magnitude: a threshold ``t`` from a strided sample of ``|x|`` aims at about
+    1.3 k candidates ``|x| >= t`` (two compares and a nonzero, on bytes), then ``torch.topk`` picks
+    exactly among them. Any ``t`` keeping at least ``k`` candidates gives the exact answer; with too
+    few the estimate is loosened, and ``None`` (use the full sort) after that."""
+    n = x.numel()
+    stride = max(1, n // 65536)
+    sample = x[::stride].abs()
+    for margin in (1.3, 3.0):
+        rank = min(sample.numel() - 1, int(sample.numel() * k * margin / n))
+        threshold = torch.kthvalue(sample, sample.numel() - rank).values
+        if not bool(threshold > 0):
+            return None
+        mask = torch.ge(x, threshold)
+        mask |= torch.le(x, -threshold)
+        candidates = torch.nonzero(mask).reshape(-1)
+        if candidates.numel() >= k:
+            chosen = torch.topk(x[candidates].abs(), k, sorted=False).indices
+            return candidates[chosen]
+    return None
+
+
+_TABLES: dict = {}
+
+
+def _unpack_table(bits: int, device) -> torch.Tensor:
+    """Row ``b``: the ``8 // bits`` codes packed in byte value ``b``."""
+    key = (bits, str(device))
+    if key not in _TABLES:
+        values = torch.arange(256, dtype=torch.int32).reshape(-1, 1)
+        shifts = torch.arange(0, 8, bits, dtype=torch.int32)
+        _TABLES[key] = ((values >> shifts) & ((1 << bits) - 1)).to(torch.uint8).to(device)
+    return _TABLES[key]
+
 
 def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
@@ -65,8 +104,13 @@ class TorchOps(Ops):
         return x.abs()
 
     def topk_indices(self, x, k):
-        indices = torch.topk(x.abs(), k, sorted=False).indices
-        return indices.to(_dtype(index_dtype(x.numel())))
+        n = x.numel()
+        indices = None
+        if n >= SAMPLED_TOPK_MIN and k * 8 <= n:
+            indices = _sampled_topk(x, k)
+        if indices is None:
+            indices = torch.topk(x.abs(), k, sorted=False).indices
+        return indices.to(_dtype(index_dtype(n)))
 
     def gather(self, x, indices):
         return torch.index_select(x, 0, indices)
@@ -150,6 +194,16 @@ class TorchOps(Ops):
         return true_fn() if bool(pred) else false_fn()
 
     def pack_bits(self, codes, bits):
+        if 8 % bits == 0:
+            # Codes per byte: whole codes never straddle a byte, so each byte is a few shifted ORs
+            # of one column of codes (byte-sized work, no bit planes).
+            per = 8 // bits
+            c = codes.to(torch.uint8)
+            c = torch.nn.functional.pad(c, (0, (-c.numel()) % per)).reshape(-1, per)
+            out = c[:, 0].clone()
+            for j in range(1, per):
+                out |= c[:, j] << (bits * j)
+            return out
         shifts = torch.arange(bits, dtype=torch.int32, device=codes.device)
         planes = ((codes.to(torch.int32).reshape(-1, 1) >> shifts) & 1).reshape(-1)
         planes = torch.nn.functional.pad(planes, (0, (-planes.numel()) % 8))
@@ -157,10 +211,21 @@ class TorchOps(Ops):
         return (planes.reshape(-1, 8) * weights).sum(1).to(torch.uint8)
 
     def unpack_bits(self, packed, bits, n):
+        if 8 % bits == 0:
+            # A table from each byte value to its codes: one gather of rows.
+            table = _unpack_table(bits, packed.device)
+            return table[packed.to(torch.int64)].reshape(-1)[:n]
         shifts = torch.arange(8, dtype=torch.int32, device=packed.device)
         planes = ((packed.to(torch.int32).reshape(-1, 1) >> shifts) & 1).reshape(-1)[: n * bits]
         weights = 1 << torch.arange(bits, dtype=torch.int32, device=packed.device)
         return (planes.reshape(n, bits) * weights).sum(1, dtype=torch.int32)
+
+    def unpack_values(self, packed, bits, n, values):
+        if 8 % bits != 0:
+            return super().unpack_values(packed, bits, n, values)
+        # A table from each byte value to the values of its codes: the output is written once.
+        table = values[_unpack_table(bits, packed.device).to(torch.int64)]
+        return table[packed.to(torch.int64)].reshape(-1)[:n]
 
     def matmul(self, a, b, transpose_a=False, transpose_b=False):
         return torch.matmul(a.T if transpose_a else a, b.T if transpose_b else b)

@@ -44,12 +44,14 @@ class QSGD(Seeded, Compressor):
     def decode(self, payload, ctx, ops):
         norm, packed = payload
         dtype = compute_dtype(ctx.dtype)
-        codes = ops.cast(ops.unpack_bits(packed, self.bits, ctx.numel), dtype)
+        # Every possible code's value, computed once; the elements are decoded through the table.
+        count = 1 << self.bits
+        codes = ops.arange(count, dtype, like=packed)
         q = ops.floor(ops.scale(codes, 0.5))
-        sign = ops.sub(ops.full(ctx.numel, 1.0, dtype, like=codes),
+        sign = ops.sub(ops.full(count, 1.0, dtype, like=codes),
                        ops.scale(ops.sub(codes, ops.scale(q, 2.0)), 2.0))
-        value = ops.mul(ops.mul(q, sign), ops.scale(ops.cast(norm, dtype), 1.0 / self.levels))
-        return ops.cast(value, ctx.dtype)
+        values = ops.mul(ops.mul(q, sign), ops.scale(ops.cast(norm, dtype), 1.0 / self.levels))
+        return ops.unpack_values(packed, self.bits, ctx.numel, ops.cast(values, ctx.dtype))
 
     def payload_nbytes(self, shape, itemsize):
         return itemsize + math.ceil(numel_of(shape) * self.bits / 8)

@@ -11,13 +11,15 @@ from grace.validation import check_fraction
 
 def _sign_bits(x, ops):
     """1 where x >= 0, else 0, packed."""
-    return ops.pack_bits(ops.cast(ops.greater_equal(x, 0.0), "int32"), 1)
+    return ops.pack_bits(ops.greater_equal(x, 0.0), 1)
 
 
-def _signs(packed, ctx, ops, dtype):
-    """The +1 / -1 that ``_sign_bits`` packed."""
-    bits = ops.cast(ops.unpack_bits(packed, 1, ctx.numel), dtype)
-    return ops.sub(ops.scale(bits, 2.0), ops.full(ctx.numel, 1.0, dtype, like=bits))
+def _signs(packed, ctx, ops, dtype, scale=None):
+    """The +1 / -1 that ``_sign_bits`` packed, times ``scale`` if given, in ``ctx.dtype``."""
+    values = ops.constant([-1.0, 1.0], dtype, like=packed)
+    if scale is not None:
+        values = ops.mul(values, ops.cast(scale, dtype))
+    return ops.unpack_values(packed, 1, ctx.numel, ops.cast(values, ctx.dtype))
 
 
 def _bits_nbytes(shape):
@@ -40,7 +42,7 @@ class SignSGD(Compressor):
         return [_sign_bits(flat, ops)]
 
     def decode(self, payload, ctx, ops):
-        return ops.cast(_signs(payload[0], ctx, ops, compute_dtype(ctx.dtype)), ctx.dtype)
+        return _signs(payload[0], ctx, ops, compute_dtype(ctx.dtype))
 
     def aggregate(self, tensors, ops):
         votes = super().aggregate(tensors, ops)
@@ -89,8 +91,7 @@ class EFSignSGD(Compressor):
 
     def decode(self, payload, ctx, ops):
         scale, packed = payload
-        dtype = compute_dtype(ctx.dtype)
-        return ops.cast(ops.mul(_signs(packed, ctx, ops, dtype), ops.cast(scale, dtype)), ctx.dtype)
+        return _signs(packed, ctx, ops, compute_dtype(ctx.dtype), scale)
 
     def payload_nbytes(self, shape, itemsize):
         return itemsize + _bits_nbytes(shape)
@@ -110,21 +111,18 @@ class OneBit(Compressor):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         dtype = ops.dtype(x)
         positive = ops.greater_equal(x, 0.0)
-        ones = ops.cast(positive, dtype)
-        zero = ops.zeros(ctx.numel, dtype, like=x)
-        count = ops.sum(ones)
+        zero = ops.zeros(1, dtype, like=x)  # broadcast by where: no tensor of zeros
+        count = ops.sum(ops.cast(positive, dtype))
         mean_pos = ops.div(ops.sum(ops.where(positive, x, zero)), ops.maximum(count, 1.0))
         mean_neg = ops.div(ops.sum(ops.where(positive, zero, x)),
                            ops.maximum(ops.sub(ops.full(1, float(ctx.numel), dtype, like=x), count), 1.0))
         means = ops.cast(ops.concat([mean_pos, mean_neg]), ctx.dtype)
-        return [means, ops.pack_bits(ops.cast(positive, "int32"), 1)]
+        return [means, ops.pack_bits(positive, 1)]
 
     def decode(self, payload, ctx, ops):
         means, packed = payload
-        positive = ops.equal(ops.unpack_bits(packed, 1, ctx.numel), 1)
         mean_pos, mean_neg = ops.split(means, [1, 1])
-        ones = ops.full(ctx.numel, 1.0, ctx.dtype, like=means)
-        return ops.where(positive, ops.mul(ones, mean_pos), ops.mul(ones, mean_neg))
+        return ops.unpack_values(packed, 1, ctx.numel, ops.concat([mean_neg, mean_pos]))
 
     def payload_nbytes(self, shape, itemsize):
         return 2 * itemsize + _bits_nbytes(shape)

@@ -31,9 +31,10 @@ class TernGrad(Seeded, Compressor):
     def decode(self, payload, ctx, ops):
         scale, packed = payload
         dtype = compute_dtype(ctx.dtype)
-        ternary = ops.sub(ops.cast(ops.unpack_bits(packed, 2, ctx.numel), dtype),
-                          ops.full(ctx.numel, 1.0, dtype, like=packed))
-        return ops.cast(ops.mul(ternary, ops.cast(scale, dtype)), ctx.dtype)
+        # Codes 0, 1, 2 are -s, 0, s (3 never occurs): decoded through that table.
+        ternary = ops.constant([-1.0, 0.0, 1.0, 2.0], dtype, like=packed)
+        values = ops.cast(ops.mul(ternary, ops.cast(scale, dtype)), ctx.dtype)
+        return ops.unpack_values(packed, 2, ctx.numel, values)
 
     def payload_nbytes(self, shape, itemsize):
         return itemsize + math.ceil(numel_of(shape) * 2 / 8)
