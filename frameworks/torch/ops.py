@@ -33,6 +33,10 @@ def _sampled_topk(x: torch.Tensor, k: int) -> torch.Tensor | None:
     return None
 
 
+WIDE_CHUNK = 1 << 20
+"""Float64 sums of larger tensors run chunk by chunk: a float64 copy of a whole large gradient would
+cost more than the sum (its pages are new memory)."""
+
 _TABLES: dict = {}
 
 
@@ -175,8 +179,20 @@ class TorchOps(Ops):
 
     def sum(self, x):
         if x.is_floating_point():
+            if x.numel() > WIDE_CHUNK:
+                total = sum(part.sum(dtype=torch.float64) for part in x.reshape(-1).split(WIDE_CHUNK))
+                return total.to(x.dtype).reshape(1)
             return x.sum(dtype=torch.float64).to(x.dtype).reshape(1)
         return x.sum().reshape(1)
+
+    def norm(self, x):
+        if x.numel() <= WIDE_CHUNK:
+            return super().norm(x)
+        total = 0.0
+        for part in x.reshape(-1).split(WIDE_CHUNK):
+            wide = part.to(torch.float64)
+            total = total + torch.dot(wide, wide)
+        return torch.sqrt(total).to(x.dtype).reshape(1)
 
     def max(self, x):
         return x.max().reshape(1) if x.numel() else torch.zeros(1, dtype=x.dtype, device=x.device)
