@@ -1,7 +1,7 @@
 # The two commands of the README: `make run` and `make test`. Both set up first (idempotent, cached).
 PY := .venv/bin/python
 
-.PHONY: setup run test lint soak clean
+.PHONY: setup run test lint soak compare bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -14,6 +14,15 @@ test: setup lint
 
 soak: setup
 	$(PY) scripts/soak.py
+
+# The side-by-side matrix (docs/results.md); as root it runs on an emulated cluster with shaped links.
+compare: setup
+	$(PY) scripts/compare.py --compressors fp32,hvd-fp16,topk:ratio=0.01,qsgd,efsignsgd,powersgd:rank=2 \
+		--rates 100mbit,1gbit,unshaped --workers 2,4
+
+# Compression cost against a plain copy, PowerSGD against PyTorch's hooks, the wrapper's overhead.
+bench: setup
+	$(PY) scripts/bench_compressors.py --powersgd --overhead --json out/bench.json --plot out/bench.png
 
 lint: setup
 	.venv/bin/ruff check grace frameworks scripts tests

@@ -1,0 +1,84 @@
+"""The fast torch paths (frameworks/torch/ops.py) give the answers of the plain ones: the exact top-k,
+the same packed bytes, the same decoded values, float64 sums and norms. Sizes are above the
+thresholds where the fast paths take over."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import grace
+from frameworks.torch import ops as torch_ops
+from grace.backends.numpy_ops import NumpyOps
+
+TORCH = torch_ops.TorchOps()
+NUMPY = NumpyOps()
+N = torch_ops.SAMPLED_TOPK_MIN * 2 + 123  # above every fast-path threshold, not a multiple of 8
+
+
+def magnitudes(x: torch.Tensor, indices: torch.Tensor) -> np.ndarray:
+    return np.sort(x.abs()[indices.long()].numpy())
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "ties", "spike", "sparse"])
+@pytest.mark.parametrize("ratio", [0.001, 0.01, 0.1])
+def test_sampled_top_k_is_the_exact_top_k(kind, ratio):
+    """The selected magnitudes are exactly torch.topk's, the indices distinct, on data where a
+    sample misleads: many ties at the threshold, a block of large values the strided sample misses,
+    and mostly zeros."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(N, generator=g)
+    if kind == "ties":
+        x = torch.round(x * 4) / 4  # a few hundred distinct magnitudes
+    elif kind == "spike":
+        x[1000:1000 + N // 50] *= 100.0
+    elif kind == "sparse":
+        x = torch.where(torch.rand(N, generator=g) < 0.002, x, torch.zeros(()))
+    k = max(1, int(ratio * N))
+    chosen = TORCH.topk_indices(x, k)
+    assert chosen.dtype == torch.int32 and chosen.numel() == k
+    assert torch.unique(chosen).numel() == k
+    expected = torch.topk(x.abs(), k).values.numpy()
+    np.testing.assert_array_equal(magnitudes(x, chosen), np.sort(expected))
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_byte_wise_packing_matches_the_reference(bits):
+    rng = np.random.default_rng(bits)
+    codes = rng.integers(0, 1 << bits, N).astype(np.int32)
+    packed = TORCH.pack_bits(torch.from_numpy(codes), bits)
+    np.testing.assert_array_equal(packed.numpy(), NUMPY.pack_bits(codes, bits))
+    np.testing.assert_array_equal(TORCH.unpack_bits(packed, bits, N).numpy(), codes)
+    values = rng.standard_normal(1 << bits).astype(np.float32)
+    decoded = TORCH.unpack_values(packed, bits, N, torch.from_numpy(values))
+    np.testing.assert_array_equal(decoded.numpy(), values[codes])
+    bools = codes.astype(bool) if bits == 1 else None
+    if bools is not None:  # sign bits are packed straight from a comparison
+        np.testing.assert_array_equal(TORCH.pack_bits(torch.from_numpy(bools), 1).numpy(),
+                                      NUMPY.pack_bits(bools, 1))
+
+
+def test_chunked_float64_sum_and_norm():
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(torch_ops.WIDE_CHUNK * 3 + 5) * 1e3).astype(np.float32)
+    wide = x.astype(np.float64)
+    assert TORCH.sum(torch.from_numpy(x)).item() == pytest.approx(float(np.float32(wide.sum())),
+                                                                  rel=1e-7)
+    norm = TORCH.norm(torch.from_numpy(x)).item()
+    assert norm == float(np.float32(np.sqrt(np.dot(wide, wide))))
+
+
+@pytest.mark.parametrize("name", ["signsgd", "efsignsgd", "onebit", "terngrad", "qsgd", "signum",
+                                  "topk", "randomk", "natural"])
+def test_large_tensors_decode_as_the_reference_backend_does(name):
+    """A payload made by the torch fast paths decodes to the same floats in torch as in the numpy
+    reference backend (which has no fast paths)."""
+    x = torch.from_numpy(np.random.default_rng(11).standard_normal(N).astype(np.float32))
+    compressor = grace.build(name).compressor
+    payload, ctx = compressor.compress(x, "w", TORCH)
+    fast = compressor.decompress(payload, ctx, TORCH).numpy()
+    reference_ctx = type(ctx)(ctx.shape, ctx.dtype, ctx.numel,
+                              {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in ctx.data.items()})
+    reference = compressor.decompress([p.numpy() for p in payload], reference_ctx, NUMPY)
+    np.testing.assert_array_equal(fast, reference)
