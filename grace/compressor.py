@@ -104,6 +104,11 @@ class Compressor(ABC):
         leave a tensor dense where compression would not shrink it); ``None`` if unknown."""
         return None
 
+    def residual(self, compensated: Tensor, payload: Payload, ctx: Context, ops: Ops) -> Tensor:
+        """What error feedback keeps: ``compensated - decompress(payload)`` (an algorithm may
+        compute it without materialising the decompressed tensor)."""
+        return ops.sub(compensated, self.decompress(payload, ctx, ops))
+
     def accepts(self, shape: tuple[int, ...]) -> bool:
         """Whether this algorithm applies to a tensor of this shape (PowerSGD needs a matrix)."""
         return True

@@ -254,6 +254,10 @@ class Ops(ABC):
     def matmul(self, a: Tensor, b: Tensor, transpose_a: bool = False,
                transpose_b: bool = False) -> Tensor: ...
 
+    def sub_matmul(self, c: Tensor, a: Tensor, b: Tensor, transpose_b: bool = False) -> Tensor:
+        """``c - a @ b`` (``b`` transposed if asked), which an adapter may fuse into one product."""
+        return self.sub(c, self.matmul(a, b, transpose_b=transpose_b))
+
     @abstractmethod
     def orthogonalize(self, x: Tensor) -> Tensor:
         """An orthonormal basis of the columns of the 2-d ``x`` (Q of its QR decomposition)."""

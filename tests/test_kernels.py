@@ -17,8 +17,14 @@ NUMPY = NumpyOps()
 N = torch_ops.SAMPLED_TOPK_MIN * 2 + 123  # above every fast-path threshold, not a multiple of 8
 
 
-def magnitudes(x: torch.Tensor, indices: torch.Tensor) -> np.ndarray:
-    return np.sort(x.abs()[indices.long()].numpy())
+def magnitudes(x: torch.Tensor, indices) -> np.ndarray:
+    return np.sort(x.abs()[torch.as_tensor(np.asarray(indices)).long()].numpy())
+
+
+def tf_ops():
+    from frameworks.tensorflow.ops import TensorFlowOps
+
+    return TensorFlowOps()
 
 
 @pytest.mark.parametrize("kind", ["gaussian", "ties", "spike", "sparse"])
@@ -36,11 +42,17 @@ def test_sampled_top_k_is_the_exact_top_k(kind, ratio):
     elif kind == "sparse":
         x = torch.where(torch.rand(N, generator=g) < 0.002, x, torch.zeros(()))
     k = max(1, int(ratio * N))
+    expected = np.sort(torch.topk(x.abs(), k).values.numpy())
     chosen = TORCH.topk_indices(x, k)
     assert chosen.dtype == torch.int32 and chosen.numel() == k
     assert torch.unique(chosen).numel() == k
-    expected = torch.topk(x.abs(), k).values.numpy()
-    np.testing.assert_array_equal(magnitudes(x, chosen), np.sort(expected))
+    np.testing.assert_array_equal(magnitudes(x, chosen), expected)
+
+    import tensorflow as tf
+
+    in_graph = tf.function(lambda t: tf_ops().topk_indices(t, k))(tf.constant(x.numpy())).numpy()
+    assert in_graph.dtype == np.int32 and len(np.unique(in_graph)) == k
+    np.testing.assert_array_equal(magnitudes(x, in_graph), expected)
 
 
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
@@ -53,6 +65,14 @@ def test_byte_wise_packing_matches_the_reference(bits):
     values = rng.standard_normal(1 << bits).astype(np.float32)
     decoded = TORCH.unpack_values(packed, bits, N, torch.from_numpy(values))
     np.testing.assert_array_equal(decoded.numpy(), values[codes])
+    import tensorflow as tf
+
+    ops = tf_ops()
+    tf_packed = ops.pack_bits(tf.constant(codes), bits)
+    np.testing.assert_array_equal(tf_packed.numpy(), packed.numpy())
+    np.testing.assert_array_equal(ops.unpack_bits(tf_packed, bits, N).numpy(), codes)
+    np.testing.assert_array_equal(ops.unpack_values(tf_packed, bits, N, tf.constant(values)).numpy(),
+                                  values[codes])
     bools = codes.astype(bool) if bits == 1 else None
     if bools is not None:  # sign bits are packed straight from a comparison
         np.testing.assert_array_equal(TORCH.pack_bits(torch.from_numpy(bools), 1).numpy(),

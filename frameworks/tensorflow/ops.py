@@ -10,6 +10,43 @@ import tensorflow as tf
 
 from grace.ops import Ops, draw_indices, draw_uniform, index_dtype
 
+SAMPLED_TOPK_MIN = 1 << 18  # as in frameworks/torch/ops.py
+
+
+def _sampled_topk(x, k: int, n: int, index_type: str):
+    """The exact top-k by magnitude via candidates above a threshold estimated from a strided
+    sample (see frameworks/torch/ops.py); the full top_k if the estimate keeps fewer than k."""
+    stride = max(1, n // 65536)
+    sample = tf.abs(x[::stride])
+    size = int(sample.shape[0])
+    rank = min(size - 1, int(size * k * 1.3 / n))
+    threshold = tf.math.top_k(sample, rank + 1, sorted=True).values[rank]
+    candidates = tf.reshape(tf.where(tf.logical_or(x >= threshold, x <= -threshold)), [-1])
+
+    def among_candidates():
+        chosen = tf.math.top_k(tf.abs(tf.gather(x, candidates)), k, sorted=False).indices
+        return tf.cast(tf.gather(candidates, chosen), index_type)
+
+    def full():
+        return tf.math.top_k(tf.abs(x), k, sorted=False, index_type=index_type).indices
+
+    enough = tf.logical_and(tf.size(candidates) >= k, threshold > 0)
+    return tf.cond(enough, among_candidates, full)
+
+
+_TABLES: dict = {}
+
+
+def _unpack_table(bits: int):
+    """Row ``b``: the ``8 // bits`` codes packed in byte value ``b`` (uint8)."""
+    if bits not in _TABLES:
+        import numpy as np
+
+        values = np.arange(256, dtype=np.int32).reshape(-1, 1)
+        shifts = np.arange(0, 8, bits, dtype=np.int32)
+        _TABLES[bits] = ((values >> shifts) & ((1 << bits) - 1)).astype(np.uint8)
+    return tf.constant(_TABLES[bits])
+
 
 class TensorFlowOps(Ops):
     name = "tensorflow"
@@ -66,8 +103,10 @@ class TensorFlowOps(Ops):
 
     def topk_indices(self, x, k):
         n = x.shape.num_elements()  # None for a selection whose size is known only at run time
-        return tf.math.top_k(tf.abs(x), k, sorted=False,
-                             index_type=index_dtype(n) if n is not None else "int32").indices
+        index_type = index_dtype(n) if n is not None else "int32"
+        if n is not None and n >= SAMPLED_TOPK_MIN and k * 8 <= n:
+            return _sampled_topk(x, k, n, index_type)
+        return tf.math.top_k(tf.abs(x), k, sorted=False, index_type=index_type).indices
 
     def gather(self, x, indices):
         return tf.gather(x, indices)
@@ -159,6 +198,15 @@ class TensorFlowOps(Ops):
         return tf.cond(tf.reshape(pred, []), true_fn, false_fn)
 
     def pack_bits(self, codes, bits):
+        if 8 % bits == 0:  # whole codes per byte: shifted ORs of columns of codes
+            per = 8 // bits
+            c = tf.cast(codes, tf.uint8)
+            c = tf.reshape(tf.pad(tf.reshape(c, [-1]), [[0, (-self.numel(codes)) % per]]), [-1, per])
+            out = c[:, 0]
+            for j in range(1, per):
+                out = tf.bitwise.bitwise_or(out, tf.bitwise.left_shift(c[:, j], tf.constant(bits * j,
+                                                                                           tf.uint8)))
+            return out
         planes = tf.bitwise.bitwise_and(
             tf.bitwise.right_shift(tf.reshape(tf.cast(codes, tf.int32), [-1, 1]), tf.range(bits)), 1)
         planes = tf.reshape(planes, [-1])
@@ -167,11 +215,19 @@ class TensorFlowOps(Ops):
         return tf.cast(tf.reduce_sum(tf.reshape(planes, [-1, 8]) * weights, axis=1), tf.uint8)
 
     def unpack_bits(self, packed, bits, n):
+        if 8 % bits == 0:  # a table from each byte value to its codes
+            return tf.reshape(tf.gather(_unpack_table(bits), tf.cast(packed, tf.int32)), [-1])[:n]
         planes = tf.bitwise.bitwise_and(
             tf.bitwise.right_shift(tf.reshape(tf.cast(packed, tf.int32), [-1, 1]), tf.range(8)), 1)
         planes = tf.reshape(planes, [-1])[: n * bits]
         weights = tf.bitwise.left_shift(1, tf.range(bits))
         return tf.reduce_sum(tf.reshape(planes, [n, bits]) * weights, axis=1)
+
+    def unpack_values(self, packed, bits, n, values):
+        if 8 % bits != 0:
+            return super().unpack_values(packed, bits, n, values)
+        table = tf.gather(values, tf.cast(_unpack_table(bits), tf.int32))
+        return tf.reshape(tf.gather(table, tf.cast(packed, tf.int32)), [-1])[:n]
 
     def matmul(self, a, b, transpose_a=False, transpose_b=False):
         return tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)

@@ -198,7 +198,12 @@ class TorchOps(Ops):
         return x.max().reshape(1) if x.numel() else torch.zeros(1, dtype=x.dtype, device=x.device)
 
     def nonfinite_flag(self, x):
-        return (~torch.isfinite(x)).any().to(torch.float32).reshape(1)
+        if x.numel() == 0 or not x.is_floating_point():
+            return torch.zeros(1, dtype=torch.float32, device=x.device)
+        # The extremes are not finite exactly when some element is not (NaN propagates through
+        # min and max): one reduction, no tensor of booleans.
+        low, high = torch.aminmax(x)
+        return (~(torch.isfinite(low) & torch.isfinite(high))).to(torch.float32).reshape(1)
 
     def nonzero(self, mask):
         return torch.nonzero(mask).reshape(-1).to(_dtype(index_dtype(mask.numel())))
@@ -245,6 +250,9 @@ class TorchOps(Ops):
 
     def matmul(self, a, b, transpose_a=False, transpose_b=False):
         return torch.matmul(a.T if transpose_a else a, b.T if transpose_b else b)
+
+    def sub_matmul(self, c, a, b, transpose_b=False):
+        return torch.addmm(c, a, b.T if transpose_b else b, alpha=-1)
 
     def orthogonalize(self, x):
         return torch.linalg.qr(x).Q

@@ -62,6 +62,15 @@ class PowerSGD(Compressor):
     def after_aggregate(self, aggregated, ctx, ops):
         ops.save(self.q, ctx.data["name"], ops.cast(aggregated[0], compute_dtype(ctx.dtype)))
 
+    def residual(self, compensated, payload, ctx, ops):
+        # M - P Q_localᵀ in one product-and-subtract, without the n × m approximation.
+        n, m, r = ctx.data["dims"]
+        dtype = compute_dtype(ctx.dtype)
+        q = ops.reshape(ops.cast(payload[0], dtype), (m, r))
+        matrix = ops.reshape(ops.cast(compensated, dtype), (n, m))
+        left = ops.sub_matmul(matrix, ctx.data["p"], q, transpose_b=True)
+        return ops.reshape(ops.cast(left, ctx.dtype), ops.shape(compensated))
+
     def decode(self, payload, ctx, ops):
         n, m, r = ctx.data["dims"]
         if "p" not in ctx.data:

@@ -20,7 +20,7 @@ class ResidualMemory(Memory):
         return tensor if residual is None else ops.add(tensor, residual)
 
     def update(self, compensated, name, compressor, payload, ctx, ops):
-        ops.save(self.residuals, name, ops.sub(compensated, compressor.decompress(payload, ctx, ops)))
+        ops.save(self.residuals, name, compressor.residual(compensated, payload, ctx, ops))
 
 
 class EFSignSGDMemory(ResidualMemory):
