@@ -102,11 +102,8 @@ def run_torch(args, spec):
     rng = np.random.default_rng(args.seed + rank)
 
     if args.workload == "mnist":
-        import fashion_mnist
-
         cfg = workloads.MNIST
-        train_x, train_y = fashion_mnist.load("train")
-        test_x, test_y = fashion_mnist.load("test")
+        train_x, train_y, test_x, test_y = workloads.fashion_mnist()
         layers, width = [], 784
         for h in cfg["hidden"]:
             layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
@@ -249,11 +246,8 @@ def run_tf(args, spec):
     rng = np.random.default_rng(args.seed + rank)
 
     if args.workload == "mnist":
-        import fashion_mnist
-
         cfg = workloads.MNIST
-        train_x, train_y = fashion_mnist.load("train")
-        test_x, test_y = fashion_mnist.load("test")
+        train_x, train_y, test_x, test_y = workloads.fashion_mnist()
         model = keras.Sequential([keras.Input((784,))] +
                                  [keras.layers.Dense(h, activation="relu") for h in cfg["hidden"]] +
                                  [keras.layers.Dense(10)])

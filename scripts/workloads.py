@@ -24,6 +24,13 @@ LSTM = {"embed": 32, "hidden": 128, "seq": 64, "batch": 32, "lr": 2.0, "clip": 1
 EXCHANGE = {"batch": 32}  # the nominal per-worker batch behind samples/s: ResNet-50's usual
 
 
+def fashion_mnist() -> tuple:
+    """(train images, train labels, test images, test labels), images standardised, (N, 784)."""
+    import fashion_mnist as data
+
+    return (*data.load("train"), *data.load("test"))
+
+
 def shakespeare(seq: int, limit_chars: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
     """Training and validation windows of ``seq + 1`` byte-coded characters from all the plays
     (the last 5% of the text is validation), and the vocabulary size (bytes seen, recoded 0..V-1)."""
