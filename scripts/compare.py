@@ -264,7 +264,21 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--exchange-steps", type=int, default=4, help="steps per epoch (exchange)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
     parser.add_argument("--out", default=os.path.join(ROOT, "out", "compare"))
+    parser.add_argument("--from-json", nargs="+", metavar="FILE",
+                        help="no runs: rebuild the tables and plots from earlier results.json files "
+                             "(their runs concatenated, a later run of the same set-up replacing an "
+                             "earlier one)")
     args = parser.parse_args(argv)
+    if args.from_json:
+        merged: dict = {}
+        for path in args.from_json:
+            with open(path) as f:
+                for row in json.load(f):
+                    key = (row["workload"], row["framework"], row["compression"], row["rate"],
+                           row["workers"])
+                    merged[key] = row
+        os.makedirs(args.out, exist_ok=True)
+        return write_outputs(list(merged.values()), args.out, time.time())
 
     names = split(args.workloads)
     for w in names:
@@ -301,20 +315,25 @@ def main(argv=None) -> list[dict]:
             bar.write(f"{workload:8s} {fw:5s} {flat['compression']:28s} {rate:10s} {n}w  "
                       + (f"{flat['samples_per_s']:>9} samples/s  {flat['final']}" if row["status"] == "ok"
                          else row["status"]))
+    return write_outputs(results, args.out, started)
+
+
+def write_outputs(results: list[dict], out: str, started: float) -> list[dict]:
+    """results.csv, results.md, results.json and the plots under ``out``; the table on stdout."""
     rows = [flatten(r) for r in results]
-    with open(os.path.join(args.out, "results.csv"), "w", newline="") as f:
+    with open(os.path.join(out, "results.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
+    with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     report = markdown(rows)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
+    with open(os.path.join(out, "results.md"), "w") as f:
         f.write(report + "\n")
-    made = plots(results, args.out)
+    made = plots(results, out)
     print("\n" + report)
     print(f"\n{len(results)} runs in {time.time() - started:.0f} s; "
-          f"{sum(r['status'] != 'ok' for r in results)} failed. Results: {args.out}/results.csv, "
+          f"{sum(r['status'] != 'ok' for r in results)} failed. Results: {out}/results.csv, "
           f"results.md, results.json, " + ", ".join(os.path.basename(p) for p in made))
     return results
 
