@@ -313,7 +313,7 @@ def run_tf(args, spec):
     if model is not None:
         variables = model.trainable_variables
     # Horovod's tape needs tf.Variables (it calls .ref()); a Keras 3 variable holds one in .value.
-    watched = [getattr(v, "value", v) for v in variables]
+    watched = [v.value if isinstance(v, keras.Variable) else v for v in variables]
     clip = workloads.LSTM["clip"] if args.workload == "lstm" else None
     pipeline = grace.from_params(spec) if isinstance(spec, dict) else None
     compression = (hvd.Compression.fp16 if spec == "hvd-fp16" else pipeline) or hvd.Compression.none
