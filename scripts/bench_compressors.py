@@ -419,6 +419,9 @@ def main(argv=None) -> dict:
             parser.error(f"--frameworks: {f!r} is not one of torch, tf")
     args.model = None if args.model == "none" else args.model
 
+    for path in (args.json, args.plot):
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     report: dict = {}
     if not args.skip_catalogue:
         rows = bench_catalogue(args)
