@@ -119,8 +119,8 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         if self.op == hvd.Average and self.gradient_predivide_factor != 1.0:
             grad = grad / self.gradient_predivide_factor
         name = self._parameter_names[p]
-        if grad.dtype in _HOROVOD_FLOATS and self._pipeline.travels_as_is(tuple(grad.shape),
-                                                                          _OPS.dtype(grad), _OPS):
+        if (grad.dtype in _HOROVOD_FLOATS and grad.is_contiguous()  # Horovod's in-place op needs both
+                and self._pipeline.travels_as_is(tuple(grad.shape), _OPS.dtype(grad), _OPS)):
             # Horovod's own in-place allreduce: the same sum, without the pipeline's per-tensor work.
             self._pipeline.count_as_is(grad.numel(), grad.element_size(), _OPS)
             handle = hvd.allreduce_async_(grad, name=f"grace.{name}", op=hvd.Sum,
