@@ -249,6 +249,49 @@ class Ops(ABC):
         the ``2**bits`` possible values, computed once per tensor instead of once per element."""
         return self.gather(values, self.cast(self.unpack_bits(packed, bits, n), "int32"))
 
+    # --- fused steps ---------------------------------------------------------------------------
+    # Steps that the composite code below does in several passes over a gradient, each with a
+    # full-size temporary. An adapter may do one in a single pass (grace/native, on the CPU) but
+    # must give the same bits; tests/test_native.py holds them to that.
+
+    def quantize_levels(self, x: Tensor, divisor: Tensor, levels: int, bits: int,
+                        seed_of: Callable[[Any], int], step: Any) -> Tensor:
+        """Stochastic rounding of ``|x| / divisor * levels`` to an integer ``q`` (up with probability
+        equal to the fraction, by ``random_uniform(seed_of, step)``), sent as the sign-magnitude code
+        ``2 q + (x < 0)`` of ``bits`` bits, packed. ``divisor``: a positive 1-element tensor."""
+        dtype = self.dtype(x)
+        level = self.scale(self.div(self.abs(x), divisor), float(levels))
+        low = self.floor(level)
+        uniform = self.random_uniform(self.numel(x), seed_of, step, like=x)
+        up = self.less(self.cast(uniform, dtype), self.sub(level, low))
+        q = self.add(low, self.cast(up, dtype))
+        negative = self.cast(self.less(x, 0.0), dtype)
+        return self.pack_bits(self.cast(self.add(self.scale(q, 2.0), negative), "int32"), bits)
+
+    def sign_bits(self, x: Tensor) -> Tensor:
+        """One bit per element, 1 where ``x >= 0``, packed."""
+        return self.pack_bits(self.greater_equal(x, 0.0), 1)
+
+    def sign_bits_with_sums(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """``sign_bits(x)``, and ``[count of x >= 0, sum of x >= 0, sum of x < 0]`` in ``x``'s dtype,
+        each summed in float64 and rounded once (as ``sum``)."""
+        nonnegative = self.greater_equal(x, 0.0)
+        zero = self.zeros(1, self.dtype(x), like=x)  # broadcast by where: no tensor of zeros
+        sums = self.concat([self.sum(self.cast(nonnegative, self.dtype(x))),
+                            self.sum(self.where(nonnegative, x, zero)),
+                            self.sum(self.where(nonnegative, zero, x))])
+        return self.pack_bits(nonnegative, 1), sums
+
+    def max_abs(self, x: Tensor) -> Tensor:
+        """The largest magnitude, as a 1-element tensor (NaN if ``x`` holds one)."""
+        return self.max(self.abs(x))
+
+    def scaled_sum(self, a: Tensor | None, alpha: float, b: Tensor, beta: float) -> Tensor:
+        """``a * alpha + b * beta`` (``b * beta`` where ``a`` is None), each product rounded to the
+        dtype as ``scale`` does, then the sum."""
+        right = self.scale(b, beta)
+        return right if a is None else self.add(self.scale(a, alpha), right)
+
     # --- linear algebra ------------------------------------------------------------------------
     @abstractmethod
     def matmul(self, a: Tensor, b: Tensor, transpose_a: bool = False,
@@ -349,8 +392,8 @@ class Ops(ABC):
         return value
 
     def random_uniform(self, n: int, seed_of: Callable[[Any], int], step: Any, like: Tensor) -> Tensor:
-        """``n`` float32 draws from [0, 1) from a private generator seeded with ``seed_of(step)``, the
-        same in every adapter."""
+        """``n`` float32 draws from [0, 1) from the counter-based generator keyed by
+        ``seed_of(step)`` (``counter_uniform_bits``): the same in every adapter and on every device."""
         return self.from_numpy(draw_uniform(n, seed_of(int(step))), like)
 
     @staticmethod
@@ -359,10 +402,53 @@ class Ops(ABC):
         return state.numpy() if hasattr(state, "numpy") else state
 
 
-def draw_uniform(n: int, seed: int):
+UNIFORM_SCALE = 2.0**-24
+"""``counter_uniform_bits`` gives 24 bits; times this, a float32 in [0, 1), exactly."""
+
+
+def _lowbias32(x: Any, mask: int) -> Any:
+    """Chris Wellons's "lowbias32" integer hash, on values below 2**32 held in any integer type
+    (numpy uint32, or int64 where unsigned 32-bit products are not to be had): every product is
+    reduced to its low 32 bits, which wrap-around in the wider type keeps exact."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & mask
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & mask
+    return x ^ (x >> 16)
+
+
+def counter_uniform_bits(index: Any, seed: int) -> Any:
+    """24 random bits for each element index, a pure function of (seed, index): a counter-based
+    generator (Salmon et al., "Parallel Random Numbers: As Easy as 1, 2, 3", SC 2011) built from two
+    rounds of an integer hash keyed by the seed's two 32-bit words. Any range of a tensor can be drawn
+    by itself, on any device, and every adapter (numpy, torch on CPU or GPU, grace/native's C) gets
+    the same bits. ``index``: a numpy uint32 array or a torch int64 tensor (indices below 2**32)."""
+    mask = 0xFFFFFFFF
+    k0, k1 = seed & mask, (seed >> 32) & mask
+    h = _lowbias32((index + k0) & mask, mask)
+    return _lowbias32(h ^ k1, mask) >> 8
+
+
+def reference_uniform(n: int, seed: int):
+    """``counter_uniform_bits`` as float32 in [0, 1), in numpy."""
     import numpy as np
 
-    return np.random.default_rng(seed).random(n, dtype=np.float32)
+    bits = counter_uniform_bits(np.arange(n, dtype=np.uint32), seed)
+    return bits.astype(np.float32) * np.float32(UNIFORM_SCALE)
+
+
+def draw_uniform(n: int, seed: int):
+    """``n`` float32 draws from [0, 1) for ``seed`` as a numpy array: grace/native's loop where it
+    is built, else numpy; the same numbers either way."""
+    import numpy as np
+
+    from grace import native
+
+    if n >= native.MIN_NUMEL and native.available():
+        out = np.empty(n, np.float32)
+        native.uniform(out.ctypes.data, n, seed)
+        return out
+    return reference_uniform(n, seed)
 
 
 def draw_indices(n: int, k: int, seed: int):

@@ -6,8 +6,10 @@ index draw runs when the graph executes (``tf.numpy_function``)."""
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
+from grace import native
 from grace.ops import Ops, draw_indices, draw_uniform, index_dtype
 
 SAMPLED_TOPK_MIN = 1 << 18  # as in frameworks/torch/ops.py
@@ -32,6 +34,33 @@ def _sampled_topk(x, k: int, n: int, index_type: str):
 
     enough = tf.logical_and(tf.size(candidates) >= k, threshold > 0)
     return tf.cond(enough, among_candidates, full)
+
+
+def _native(*tensors) -> bool:
+    """Whether grace/native's loops can take these tensors (float32, a static size large enough
+    to be worth a call, the library built). They run in ``tf.numpy_function``, on host memory."""
+    n = tensors[0].shape.num_elements()
+    return (n is not None and n >= native.MIN_NUMEL and all(t.dtype == tf.float32 for t in tensors)
+            and native.available())
+
+
+def _empty(n: int, dtype) -> np.ndarray:
+    """An uninitialised array whose data starts on 64 bytes: TensorFlow adopts such an array as a
+    tensor without copying it (it copies one that is not aligned for Eigen)."""
+    itemsize = np.dtype(dtype).itemsize
+    raw = np.empty(n * itemsize + 64, np.uint8)
+    offset = (-raw.ctypes.data) % 64
+    return raw[offset:offset + n * itemsize].view(dtype)
+
+
+def _host(fn, inputs, dtypes, shapes):
+    """``fn`` over the inputs as numpy arrays, in the graph (``tf.numpy_function``)."""
+    outputs = tf.numpy_function(fn, inputs, dtypes, stateful=False)
+    single = not isinstance(dtypes, (list, tuple))
+    outputs = [outputs] if single else outputs
+    for out, shape in zip(outputs, [shapes] if single else shapes):
+        out.set_shape(shape)
+    return outputs[0] if single else outputs
 
 
 _TABLES: dict = {}
@@ -172,7 +201,7 @@ class TensorFlowOps(Ops):
     def minimum(self, a, b):
         return tf.minimum(a, _like(b, a))
 
-    def sum(self, x):
+    def _composite_sum(self, x):
         if x.dtype.is_floating:
             return tf.reshape(tf.cast(tf.reduce_sum(tf.cast(x, tf.float64)), x.dtype), [1])
         return tf.reshape(tf.reduce_sum(x), [1])
@@ -224,10 +253,100 @@ class TensorFlowOps(Ops):
         return tf.reduce_sum(tf.reshape(planes, [n, bits]) * weights, axis=1)
 
     def unpack_values(self, packed, bits, n, values):
+        if n >= native.MIN_NUMEL and bits <= native.MAX_BITS and values.dtype == tf.float32 \
+                and native.available():
+            def run(p, v):
+                out = _empty(n, np.float32)
+                p, v = np.ascontiguousarray(p), np.ascontiguousarray(v)
+                native.unpack_values(p.ctypes.data, bits, n, v.ctypes.data, out.ctypes.data)
+                return out
+
+            return _host(run, [packed, values], tf.float32, [n])
         if 8 % bits != 0:
             return super().unpack_values(packed, bits, n, values)
         table = tf.gather(values, tf.cast(_unpack_table(bits), tf.int32))
         return tf.reshape(tf.gather(table, tf.cast(packed, tf.int32)), [-1])[:n]
+
+    # --- grace/native's fused loops, on the host ---------------------------------------------------
+    def _sums(self, x):
+        n = x.shape.num_elements()
+
+        def run(a):
+            a = np.ascontiguousarray(a)
+            return np.array(native.sums(a.ctypes.data, n), np.float64)
+
+        return _host(run, [x], tf.float64, [3])
+
+    def sum(self, x):
+        if _native(x):
+            return tf.reshape(tf.cast(self._sums(x)[0], x.dtype), [1])
+        return self._composite_sum(x)
+
+    def norm(self, x):
+        if _native(x):
+            return tf.reshape(tf.cast(tf.sqrt(self._sums(x)[1]), x.dtype), [1])
+        return super().norm(x)
+
+    def max_abs(self, x):
+        if _native(x):
+            return tf.reshape(tf.cast(self._sums(x)[2], x.dtype), [1])
+        return super().max_abs(x)
+
+    def quantize_levels(self, x, divisor, levels, bits, seed_of, step):
+        if bits > native.MAX_BITS or not _native(x):
+            return super().quantize_levels(x, divisor, levels, bits, seed_of, step)
+        n = x.shape.num_elements()
+        size = (n * bits + 7) // 8
+
+        def run(a, d, s):
+            out = np.empty(size, np.uint8)
+            a = np.ascontiguousarray(a)
+            native.quantize_levels(a.ctypes.data, n, float(np.reshape(d, -1)[0]), float(levels),
+                                   seed_of(int(s)), bits, out.ctypes.data)
+            return out
+
+        return _host(run, [x, divisor, tf.cast(step, tf.int64)], tf.uint8, [size])
+
+    def sign_bits(self, x):
+        if not _native(x):
+            return super().sign_bits(x)
+        n = x.shape.num_elements()
+
+        def run(a):
+            out = np.empty((n + 7) // 8, np.uint8)
+            a = np.ascontiguousarray(a)
+            native.sign_bits(a.ctypes.data, n, out.ctypes.data)
+            return out
+
+        return _host(run, [x], tf.uint8, [(n + 7) // 8])
+
+    def sign_bits_with_sums(self, x):
+        if not _native(x):
+            return super().sign_bits_with_sums(x)
+        n = x.shape.num_elements()
+
+        def run(a):
+            out = np.empty((n + 7) // 8, np.uint8)
+            a = np.ascontiguousarray(a)
+            sums = native.sign_bits(a.ctypes.data, n, out.ctypes.data, stats=True)
+            return out, np.array(sums, np.float64)
+
+        bits, sums = _host(run, [x], [tf.uint8, tf.float64], [[(n + 7) // 8], [3]])
+        return bits, tf.cast(sums, x.dtype)
+
+    def scaled_sum(self, a, alpha, b, beta):
+        if not (_native(b) and (a is None or _native(a))):
+            return super().scaled_sum(a, alpha, b, beta)
+        n = b.shape.num_elements()
+
+        def run(*arrays):
+            arrays = [np.ascontiguousarray(v) for v in arrays]
+            out = _empty(n, np.float32)
+            first = None if a is None else arrays[0].ctypes.data
+            native.scaled_sum(first, alpha, arrays[-1].ctypes.data, beta, n, out.ctypes.data)
+            return out
+
+        return _host(run, [b] if a is None else [a, b], tf.float32, [n])
 
     def matmul(self, a, b, transpose_a=False, transpose_b=False):
         return tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)

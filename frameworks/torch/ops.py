@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from grace.ops import Ops, index_dtype
+from grace import native
+from grace.ops import UNIFORM_SCALE, Ops, counter_uniform_bits, index_dtype
 
 SAMPLED_TOPK_MIN = 1 << 18
 """From this many elements, top-k selects among candidates above a threshold estimated from a
@@ -24,13 +27,29 @@ def _sampled_topk(x: torch.Tensor, k: int) -> torch.Tensor | None:
         threshold = torch.kthvalue(sample, sample.numel() - rank).values
         if not bool(threshold > 0):
             return None
-        mask = torch.ge(x, threshold)
-        mask |= torch.le(x, -threshold)
-        candidates = torch.nonzero(mask).reshape(-1)
+        candidates = _candidates(x, threshold, k)
+        if candidates is None:
+            mask = torch.ge(x, threshold)
+            mask |= torch.le(x, -threshold)
+            candidates = torch.nonzero(mask).reshape(-1)
         if candidates.numel() >= k:
             chosen = torch.topk(x[candidates].abs(), k, sorted=False).indices
             return candidates[chosen]
     return None
+
+
+def _candidates(x: torch.Tensor, threshold: torch.Tensor, k: int) -> torch.Tensor | None:
+    """The indices of ``|x| >= threshold`` in order, in one pass of grace/native's loop; ``None``
+    where the loop cannot take ``x`` or the threshold keeps far more than ``k``."""
+    if not _native(x):
+        return None
+    cap = 4 * k + 4096
+    parts = native.threads() + 1
+    out = torch.empty(parts * cap, dtype=torch.int32)
+    counts = native.select_above(x.data_ptr(), x.numel(), float(threshold), out.data_ptr(), cap)
+    if max(counts) > cap:
+        return None
+    return torch.cat([out[i * cap:i * cap + c] for i, c in enumerate(counts)]).long()
 
 
 WIDE_CHUNK = 1 << 20
@@ -52,6 +71,21 @@ def _unpack_table(bits: int, device) -> torch.Tensor:
 
 def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
+
+
+def _native(*tensors: torch.Tensor) -> bool:
+    """Whether grace/native's loops can take these tensors: float32 on the CPU, contiguous, large
+    enough to be worth a call, and the library built."""
+    first = tensors[0]
+    return (first.numel() >= native.MIN_NUMEL
+            and all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
+                    for t in tensors)
+            and native.available())
+
+
+def _scalar(value: float, dtype: torch.dtype) -> torch.Tensor:
+    """A float64 result rounded once to ``dtype``, as a 1-element tensor."""
+    return torch.tensor([value], dtype=torch.float64).to(dtype)
 
 
 class TorchOps(Ops):
@@ -178,6 +212,8 @@ class TorchOps(Ops):
         return torch.clamp(a, max=b) if not isinstance(b, torch.Tensor) else torch.minimum(a, b)
 
     def sum(self, x):
+        if _native(x):
+            return _scalar(native.sums(x.data_ptr(), x.numel())[0], x.dtype)
         if x.is_floating_point():
             if x.numel() > WIDE_CHUNK:
                 total = sum(part.sum(dtype=torch.float64) for part in x.reshape(-1).split(WIDE_CHUNK))
@@ -186,6 +222,8 @@ class TorchOps(Ops):
         return x.sum().reshape(1)
 
     def norm(self, x):
+        if _native(x):
+            return _scalar(math.sqrt(native.sums(x.data_ptr(), x.numel())[1]), x.dtype)
         if x.numel() <= WIDE_CHUNK:
             return super().norm(x)
         total = 0.0
@@ -200,6 +238,10 @@ class TorchOps(Ops):
     def nonfinite_flag(self, x):
         if x.numel() == 0 or not x.is_floating_point():
             return torch.zeros(1, dtype=torch.float32, device=x.device)
+        if _native(x):
+            # A float64 sum of float32 values cannot overflow: it is finite exactly when they are.
+            total = native.sums(x.data_ptr(), x.numel())[0]
+            return torch.tensor([0.0 if math.isfinite(total) else 1.0], dtype=torch.float32)
         # The extremes are not finite exactly when some element is not (NaN propagates through
         # min and max): one reduction, no tensor of booleans.
         low, high = torch.aminmax(x)
@@ -242,11 +284,69 @@ class TorchOps(Ops):
         return (planes.reshape(n, bits) * weights).sum(1, dtype=torch.int32)
 
     def unpack_values(self, packed, bits, n, values):
+        if (n >= native.MIN_NUMEL and bits <= native.MAX_BITS and packed.device.type == "cpu"
+                and values.device.type == "cpu" and values.dtype == torch.float32
+                and native.available()):
+            table = values.contiguous()
+            out = torch.empty(n, dtype=torch.float32)
+            native.unpack_values(packed.contiguous().data_ptr(), bits, n, table.data_ptr(),
+                                 out.data_ptr())
+            return out
         if 8 % bits != 0:
             return super().unpack_values(packed, bits, n, values)
         # A table from each byte value to the values of its codes: the output is written once.
         table = values[_unpack_table(bits, packed.device).to(torch.int64)]
         return table[packed.to(torch.int64)].reshape(-1)[:n]
+
+    def quantize_levels(self, x, divisor, levels, bits, seed_of, step):
+        if bits <= native.MAX_BITS and _native(x):
+            out = torch.empty((x.numel() * bits + 7) // 8, dtype=torch.uint8)
+            native.quantize_levels(x.data_ptr(), x.numel(), float(divisor), float(levels),
+                                   seed_of(int(step)), bits, out.data_ptr())
+            return out
+        return super().quantize_levels(x, divisor, levels, bits, seed_of, step)
+
+    def sign_bits(self, x):
+        if _native(x):
+            out = torch.empty((x.numel() + 7) // 8, dtype=torch.uint8)
+            native.sign_bits(x.data_ptr(), x.numel(), out.data_ptr())
+            return out
+        return super().sign_bits(x)
+
+    def sign_bits_with_sums(self, x):
+        if _native(x):
+            out = torch.empty((x.numel() + 7) // 8, dtype=torch.uint8)
+            sums = native.sign_bits(x.data_ptr(), x.numel(), out.data_ptr(), stats=True)
+            return out, torch.tensor(sums, dtype=torch.float64).to(x.dtype)
+        return super().sign_bits_with_sums(x)
+
+    def max_abs(self, x):
+        if x.numel() == 0:
+            return torch.zeros(1, dtype=x.dtype, device=x.device)
+        if _native(x):
+            return _scalar(native.sums(x.data_ptr(), x.numel())[2], x.dtype)
+        # The infinity norm is the largest magnitude, without a tensor of magnitudes.
+        return torch.linalg.vector_norm(x, float("inf")).reshape(1)
+
+    def scaled_sum(self, a, alpha, b, beta):
+        if _native(b) and (a is None or _native(a)):
+            out = torch.empty_like(b)
+            native.scaled_sum(None if a is None else a.data_ptr(), alpha, b.data_ptr(), beta,
+                              b.numel(), out.data_ptr())
+            return out
+        return super().scaled_sum(a, alpha, b, beta)
+
+    def random_uniform(self, n, seed_of, step, like):
+        seed = seed_of(int(step))
+        if like.device.type == "cpu" and n >= native.MIN_NUMEL and native.available():
+            out = torch.empty(n, dtype=torch.float32)
+            native.uniform(out.data_ptr(), n, seed)
+            return out
+        if like.device.type != "cpu":
+            # The same counter-based draws, computed where the tensor lives (no host transfer).
+            index = torch.arange(n, dtype=torch.int64, device=like.device)
+            return counter_uniform_bits(index, seed).to(torch.float32) * UNIFORM_SCALE
+        return super().random_uniform(n, seed_of, step, like)
 
     def matmul(self, a, b, transpose_a=False, transpose_b=False):
         return torch.matmul(a.T if transpose_a else a, b.T if transpose_b else b)

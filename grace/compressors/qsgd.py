@@ -32,26 +32,28 @@ class QSGD(Seeded, Compressor):
         # output finite at the price of bias for such tensors only.
         norm = ops.minimum(ops.norm(x), float(np.finfo(ctx.dtype if ctx.dtype != "bfloat16" else
                                                        "float32").max))
-        level = ops.scale(ops.div(ops.abs(x), ops.maximum(norm, TINY)), float(self.levels))
-        low = ops.floor(level)
-        uniform = self.uniform(ctx.numel, name, ctx, ops, like=flat)
-        up = ops.less(ops.cast(uniform, ops.dtype(x)), ops.sub(level, low))
-        q = ops.add(low, ops.cast(up, ops.dtype(x)))
-        negative = ops.cast(ops.less(x, 0.0), ops.dtype(x))
-        codes = ops.cast(ops.add(ops.scale(q, 2.0), negative), "int32")
-        return [ops.cast(norm, ctx.dtype), ops.pack_bits(codes, self.bits)]
+        step = self.next_step(name, ops)
+        codes = ops.quantize_levels(x, ops.maximum(norm, TINY), self.levels, self.bits,
+                                    self._seed_of(name, ctx, shared=False), step)
+        return [ops.cast(norm, ctx.dtype), codes]
 
     def decode(self, payload, ctx, ops):
         norm, packed = payload
-        dtype = compute_dtype(ctx.dtype)
-        # Every possible code's value, computed once; the elements are decoded through the table.
-        count = 1 << self.bits
-        codes = ops.arange(count, dtype, like=packed)
-        q = ops.floor(ops.scale(codes, 0.5))
-        sign = ops.sub(ops.full(count, 1.0, dtype, like=codes),
-                       ops.scale(ops.sub(codes, ops.scale(q, 2.0)), 2.0))
-        values = ops.mul(ops.mul(q, sign), ops.scale(ops.cast(norm, dtype), 1.0 / self.levels))
-        return ops.unpack_values(packed, self.bits, ctx.numel, ops.cast(values, ctx.dtype))
+        values = level_values(self.bits, ops.scale(ops.cast(norm, compute_dtype(ctx.dtype)),
+                                                   1.0 / self.levels), ctx, ops, like=packed)
+        return ops.unpack_values(packed, self.bits, ctx.numel, values)
 
     def payload_nbytes(self, shape, itemsize):
         return itemsize + math.ceil(numel_of(shape) * self.bits / 8)
+
+
+def level_values(bits: int, unit, ctx, ops, like):
+    """The value of every sign-magnitude code ``2 q + negative`` of ``bits`` bits: ``±q * unit``,
+    in ``ctx.dtype``; computed once per tensor, the elements are decoded through this table."""
+    dtype = compute_dtype(ctx.dtype)
+    count = 1 << bits
+    codes = ops.arange(count, dtype, like=like)
+    q = ops.floor(ops.scale(codes, 0.5))
+    sign = ops.sub(ops.full(count, 1.0, dtype, like=codes),
+                   ops.scale(ops.sub(codes, ops.scale(q, 2.0)), 2.0))
+    return ops.cast(ops.mul(ops.mul(q, sign), unit), ctx.dtype)

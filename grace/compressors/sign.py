@@ -9,13 +9,14 @@ from grace.compressor import Compressor, compute_dtype, numel_of
 from grace.validation import check_fraction
 
 
-def _sign_bits(x, ops):
-    """1 where x >= 0, else 0, packed."""
-    return ops.pack_bits(ops.greater_equal(x, 0.0), 1)
+def _split(bits_and_sums, ops):
+    """``sign_bits_with_sums``' result as the bits and the three sums, each a 1-element tensor."""
+    bits, sums = bits_and_sums
+    return bits, ops.split(sums, [1, 1, 1])
 
 
 def _signs(packed, ctx, ops, dtype, scale=None):
-    """The +1 / -1 that ``_sign_bits`` packed, times ``scale`` if given, in ``ctx.dtype``."""
+    """The +1 / -1 of ``Ops.sign_bits``, times ``scale`` if given, in ``ctx.dtype``."""
     values = ops.constant([-1.0, 1.0], dtype, like=packed)
     if scale is not None:
         values = ops.mul(values, ops.cast(scale, dtype))
@@ -39,7 +40,7 @@ class SignSGD(Compressor):
     default_communicator = "allgather"
 
     def encode(self, flat, name, ctx, ops):
-        return [_sign_bits(flat, ops)]
+        return [ops.sign_bits(flat)]
 
     def decode(self, payload, ctx, ops):
         return _signs(payload[0], ctx, ops, compute_dtype(ctx.dtype))
@@ -68,10 +69,9 @@ class Signum(SignSGD):
 
     def encode(self, flat, name, ctx, ops):
         momentum = ops.load(self.momentum, name, like=flat)
-        update = ops.scale(flat, 1.0 - self.beta)
-        momentum = update if momentum is None else ops.add(ops.scale(momentum, self.beta), update)
+        momentum = ops.scaled_sum(momentum, self.beta, flat, 1.0 - self.beta)
         ops.save(self.momentum, name, momentum)
-        return [_sign_bits(momentum, ops)]
+        return [ops.sign_bits(momentum)]
 
 
 class EFSignSGD(Compressor):
@@ -86,8 +86,9 @@ class EFSignSGD(Compressor):
 
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
-        scale = ops.scale(ops.sum(ops.abs(x)), 1.0 / ctx.numel)
-        return [ops.cast(scale, ctx.dtype), _sign_bits(x, ops)]
+        bits, (_, positive, negative) = _split(ops.sign_bits_with_sums(x), ops)
+        scale = ops.scale(ops.sub(positive, negative), 1.0 / ctx.numel)
+        return [ops.cast(scale, ctx.dtype), bits]
 
     def decode(self, payload, ctx, ops):
         scale, packed = payload
@@ -109,15 +110,12 @@ class OneBit(Compressor):
 
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
-        dtype = ops.dtype(x)
-        positive = ops.greater_equal(x, 0.0)
-        zero = ops.zeros(1, dtype, like=x)  # broadcast by where: no tensor of zeros
-        count = ops.sum(ops.cast(positive, dtype))
-        mean_pos = ops.div(ops.sum(ops.where(positive, x, zero)), ops.maximum(count, 1.0))
-        mean_neg = ops.div(ops.sum(ops.where(positive, zero, x)),
-                           ops.maximum(ops.sub(ops.full(1, float(ctx.numel), dtype, like=x), count), 1.0))
+        bits, (count, positive, negative) = _split(ops.sign_bits_with_sums(x), ops)
+        mean_pos = ops.div(positive, ops.maximum(count, 1.0))
+        rest = ops.sub(ops.full(1, float(ctx.numel), ops.dtype(x), like=x), count)
+        mean_neg = ops.div(negative, ops.maximum(rest, 1.0))
         means = ops.cast(ops.concat([mean_pos, mean_neg]), ctx.dtype)
-        return [means, ops.pack_bits(positive, 1)]
+        return [means, bits]
 
     def decode(self, payload, ctx, ops):
         means, packed = payload
