@@ -282,6 +282,26 @@ class Ops(ABC):
                             self.sum(self.where(nonnegative, zero, x))])
         return self.pack_bits(nonnegative, 1), sums
 
+    def order_statistics(self, x: Tensor, ranks: Sequence[int]) -> Tensor:
+        """``sort(x)[ranks]`` for 1-d ``x``: a few order statistics, which an adapter may find
+        without sorting everything."""
+        return self.gather(self.sort(x), self.constant(list(ranks), "int32", like=x))
+
+    def count_at_least(self, x: Tensor, threshold: float) -> Any:
+        """How many elements have ``|x| >= threshold`` (an int, or a scalar tensor)."""
+        return self.size(self.indices_at_least(x, threshold))
+
+    def indices_at_least(self, x: Tensor, threshold: Tensor | float) -> Tensor:
+        """The indices (``index_dtype``, in order) of the elements with ``|x| >= threshold``."""
+        return self.nonzero(self.greater_equal(self.abs(x), threshold))
+
+    def fused(self, kernel: str, *inputs: Tensor, seed: tuple | None = None, **params: Any) -> tuple | None:
+        """``grace.native.FUSED[kernel]`` on the inputs, as a tuple of tensors, where this adapter
+        can run it on them (the first input float32 or uint8 and large enough); else ``None``, and
+        the algorithm runs its own composite code, which gives the same bits. ``seed``:
+        ``(seed_of, step)`` for kernels that draw random numbers; ``params``: plain numbers."""
+        return None
+
     def max_abs(self, x: Tensor) -> Tensor:
         """The largest magnitude, as a 1-element tensor (NaN if ``x`` holds one)."""
         return self.max(self.abs(x))

@@ -156,7 +156,10 @@ def bench_catalogue(args) -> list[dict]:
     rng = np.random.default_rng(0)
     shapes = cases(args.numel, args.model)
     arrays = {case: [rng.standard_normal(s, dtype=np.float32) for s in ss] for case, ss in shapes.items()}
-    jobs = [(fw, dev, case, name) for fw in frameworks for dev in (devices if fw == "torch" else ["cpu"])
+    if args.devices:
+        devices = [d for d in devices if d in args.devices.split(",")]
+    jobs = [(fw, dev, case, name) for fw in frameworks
+            for dev in (devices if fw == "torch" else [d for d in devices if d == "cpu"])
             for case in shapes for name in args.compressors]
     for fw, dev, case, name in tqdm(jobs, desc="compressors", unit="case"):
         try:
@@ -399,6 +402,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--numel", type=int, default=25_000_000)
     parser.add_argument("--model", choices=("resnet50", "none"), default="resnet50")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--devices", help="only these of the devices present (cpu,cuda); default all")
     parser.add_argument("--powersgd", action="store_true", help="grace's PowerSGD against torch's hooks")
     parser.add_argument("--overhead", action="store_true", help="grace.none() against Horovod, 2 workers")
     parser.add_argument("--skip-catalogue", action="store_true")

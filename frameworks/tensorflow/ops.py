@@ -23,7 +23,10 @@ def _sampled_topk(x, k: int, n: int, index_type: str):
     size = int(sample.shape[0])
     rank = min(size - 1, int(size * k * 1.3 / n))
     threshold = tf.math.top_k(sample, rank + 1, sorted=True).values[rank]
-    candidates = tf.reshape(tf.where(tf.logical_or(x >= threshold, x <= -threshold)), [-1])
+    if x.dtype == tf.float32 and native.available():
+        candidates = TensorFlowOps().indices_at_least(x, threshold)
+    else:
+        candidates = tf.reshape(tf.where(tf.logical_or(x >= threshold, x <= -threshold)), [-1])
 
     def among_candidates():
         chosen = tf.math.top_k(tf.abs(tf.gather(x, candidates)), k, sorted=False).indices
@@ -42,15 +45,6 @@ def _native(*tensors) -> bool:
     n = tensors[0].shape.num_elements()
     return (n is not None and n >= native.MIN_NUMEL and all(t.dtype == tf.float32 for t in tensors)
             and native.available())
-
-
-def _empty(n: int, dtype) -> np.ndarray:
-    """An uninitialised array whose data starts on 64 bytes: TensorFlow adopts such an array as a
-    tensor without copying it (it copies one that is not aligned for Eigen)."""
-    itemsize = np.dtype(dtype).itemsize
-    raw = np.empty(n * itemsize + 64, np.uint8)
-    offset = (-raw.ctypes.data) % 64
-    return raw[offset:offset + n * itemsize].view(dtype)
 
 
 def _host(fn, inputs, dtypes, shapes):
@@ -141,6 +135,8 @@ class TensorFlowOps(Ops):
         return tf.gather(x, indices)
 
     def scatter_add(self, n, indices, values):
+        if n >= native.MIN_NUMEL and values.dtype == tf.float32 and native.available():
+            return _host(lambda i, v: native.scatter_add(n, i, v), [indices, values], tf.float32, [n])
         return tf.math.unsorted_segment_sum(values, indices, n)
 
     def size(self, x):
@@ -256,7 +252,7 @@ class TensorFlowOps(Ops):
         if n >= native.MIN_NUMEL and bits <= native.MAX_BITS and values.dtype == tf.float32 \
                 and native.available():
             def run(p, v):
-                out = _empty(n, np.float32)
+                out = native.empty(n, np.float32)
                 p, v = np.ascontiguousarray(p), np.ascontiguousarray(v)
                 native.unpack_values(p.ctypes.data, bits, n, v.ctypes.data, out.ctypes.data)
                 return out
@@ -341,12 +337,49 @@ class TensorFlowOps(Ops):
 
         def run(*arrays):
             arrays = [np.ascontiguousarray(v) for v in arrays]
-            out = _empty(n, np.float32)
+            out = native.empty(n, np.float32)
             first = None if a is None else arrays[0].ctypes.data
             native.scaled_sum(first, alpha, arrays[-1].ctypes.data, beta, n, out.ctypes.data)
             return out
 
         return _host(run, [b] if a is None else [a, b], tf.float32, [n])
+
+    def count_at_least(self, x, threshold):
+        if not _native(x):
+            return tf.math.count_nonzero(tf.abs(x) >= tf.cast(threshold, x.dtype), dtype=tf.int64)
+
+        def run(a, t):
+            return np.int64(native.count_at_least(np.ascontiguousarray(a), float(np.reshape(t, -1)[0])))
+
+        return _host(run, [x, tf.cast(threshold, x.dtype)], tf.int64, [])
+
+    def indices_at_least(self, x, threshold):
+        if not _native(x):
+            return super().indices_at_least(x, threshold)
+        dtype = index_dtype(x.shape.num_elements())
+
+        def run(a, t):
+            return native.indices_at_least(np.ascontiguousarray(a), float(np.reshape(t, -1)[0]), dtype)
+
+        return _host(run, [x, tf.cast(threshold, x.dtype)], tf.as_dtype(dtype), [None])
+
+    def fused(self, kernel, *inputs, seed=None, **params):
+        first = inputs[0]
+        # Where the first input's size is known only at run time, the output's (``n``) decides.
+        n = params.get("n", first.shape.num_elements())
+        if not (n is not None and n >= native.MIN_NUMEL and first.dtype in (tf.float32, tf.uint8)
+                and native.available()):
+            return None
+        specs = native.FUSED[kernel][1](*[tuple(t.shape.as_list()) for t in inputs], **params)
+
+        def run(*arrays):
+            if seed is None:
+                return native.run_fused(kernel, list(arrays), **params)
+            return native.run_fused(kernel, list(arrays[:-1]), seed[0](int(arrays[-1])), **params)
+
+        extra = [] if seed is None else [tf.cast(seed[1], tf.int64)]
+        return tuple(_host(run, [*inputs, *extra], [tf.as_dtype(d) for d, _ in specs],
+                           [list(shape) for _, shape in specs]))
 
     def matmul(self, a, b, transpose_a=False, transpose_b=False):
         return tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)

@@ -27,8 +27,9 @@ def _sampled_topk(x: torch.Tensor, k: int) -> torch.Tensor | None:
         threshold = torch.kthvalue(sample, sample.numel() - rank).values
         if not bool(threshold > 0):
             return None
-        candidates = _candidates(x, threshold, k)
-        if candidates is None:
+        if _native(x):
+            candidates = torch.from_numpy(native.indices_at_least(x.numpy(), float(threshold)))
+        else:
             mask = torch.ge(x, threshold)
             mask |= torch.le(x, -threshold)
             candidates = torch.nonzero(mask).reshape(-1)
@@ -36,20 +37,6 @@ def _sampled_topk(x: torch.Tensor, k: int) -> torch.Tensor | None:
             chosen = torch.topk(x[candidates].abs(), k, sorted=False).indices
             return candidates[chosen]
     return None
-
-
-def _candidates(x: torch.Tensor, threshold: torch.Tensor, k: int) -> torch.Tensor | None:
-    """The indices of ``|x| >= threshold`` in order, in one pass of grace/native's loop; ``None``
-    where the loop cannot take ``x`` or the threshold keeps far more than ``k``."""
-    if not _native(x):
-        return None
-    cap = 4 * k + 4096
-    parts = native.threads() + 1
-    out = torch.empty(parts * cap, dtype=torch.int32)
-    counts = native.select_above(x.data_ptr(), x.numel(), float(threshold), out.data_ptr(), cap)
-    if max(counts) > cap:
-        return None
-    return torch.cat([out[i * cap:i * cap + c] for i, c in enumerate(counts)]).long()
 
 
 WIDE_CHUNK = 1 << 20
@@ -154,6 +141,10 @@ class TorchOps(Ops):
         return torch.index_select(x, 0, indices)
 
     def scatter_add(self, n, indices, values):
+        if (n >= native.MIN_NUMEL and values.device.type == "cpu" and values.dtype == torch.float32
+                and native.available()):
+            # Zeros from fresh pages (no pass to clear them), then one loop over the values.
+            return torch.from_numpy(native.scatter_add(n, indices.numpy(), values.numpy()))
         out = torch.zeros(n, dtype=values.dtype, device=values.device)
         return out.index_add_(0, indices, values)
 
@@ -335,6 +326,33 @@ class TorchOps(Ops):
                               b.numel(), out.data_ptr())
             return out
         return super().scaled_sum(a, alpha, b, beta)
+
+    def order_statistics(self, x, ranks):
+        if len(ranks) > 4:
+            return super().order_statistics(x, ranks)
+        # A selection per rank (linear time) instead of a sort.
+        return torch.stack([torch.kthvalue(x, int(r) + 1).values for r in ranks])
+
+    def count_at_least(self, x, threshold):
+        if _native(x):
+            return native.count_at_least(x.numpy(), float(threshold))
+        return int(torch.count_nonzero(x.abs() >= threshold))
+
+    def indices_at_least(self, x, threshold):
+        if not _native(x):
+            return super().indices_at_least(x, threshold)
+        dtype = index_dtype(x.numel())
+        return torch.from_numpy(native.indices_at_least(x.numpy(), float(threshold), dtype))
+
+    def fused(self, kernel, *inputs, seed=None, **params):
+        first = inputs[0]
+        if not (params.get("n", first.numel()) >= native.MIN_NUMEL
+                and first.dtype in (torch.float32, torch.uint8)
+                and all(t.device.type == "cpu" for t in inputs) and native.available()):
+            return None
+        outputs = native.run_fused(kernel, [t.detach().numpy() for t in inputs],
+                                   None if seed is None else seed[0](int(seed[1])), **params)
+        return tuple(torch.from_numpy(o) for o in outputs)
 
     def random_uniform(self, n, seed_of, step, like):
         seed = seed_of(int(step))

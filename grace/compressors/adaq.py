@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from grace.compressor import Compressor, Seeded, compute_dtype
+from grace.ops import index_dtype
 from grace.validation import check_ratio
 
 
@@ -29,25 +30,32 @@ class AdaQ(Seeded, Compressor):
         n = ctx.numel
         m = min(n, max(1, int(n * self.sample_ratio), 256))
         picked = self.indices(n, m, name, ctx, ops, like=flat)
-        sample = ops.sort(ops.gather(x, picked))
         k = max(1, int(m * self.ratio))
-        top = ops.gather(sample, ops.constant([m - k], "int32", like=flat))
-        bottom = ops.gather(sample, ops.constant([k - 1], "int32", like=flat))
-        zero = ops.zeros(n, ops.dtype(x), like=x)
+        top, bottom = ops.split(ops.order_statistics(ops.gather(x, picked), [m - k, k - 1]), [1, 1])
+        dtype = ops.dtype(x)
+        fast = ops.fused("two_sided", x, top, bottom)
+        if fast is not None:
+            up, down, sums, counts = fast
+            index = index_dtype(n)
+            sums, counts = ops.cast(sums, dtype), ops.cast(counts, dtype)
+            means = ops.div(sums, ops.maximum(counts, 1.0))
+            return [ops.cast(means, ctx.dtype), ops.cast(up, index), ops.cast(down, index)]
+        zero = ops.zeros(n, dtype, like=x)
         false = ops.less(zero, zero)
         # beyond the threshold and of that sign (a threshold of the wrong sign selects nothing more)
         positive = ops.where(ops.greater_equal(x, top), ops.less(zero, x), false)
         negative = ops.where(ops.greater_equal(bottom, x), ops.less(x, zero), false)
         means = []
         for mask in (positive, negative):
-            count = ops.sum(ops.cast(mask, ops.dtype(x)))
+            count = ops.sum(ops.cast(mask, dtype))
             means.append(ops.div(ops.sum(ops.where(mask, x, zero)), ops.maximum(count, 1.0)))
         return [ops.cast(ops.concat(means), ctx.dtype), ops.nonzero(positive), ops.nonzero(negative)]
 
     def decode(self, payload, ctx, ops):
         means, positive, negative = payload
         mean_pos, mean_neg = ops.split(means, [1, 1])
-        ones = ops.full(ctx.numel, 1.0, ctx.dtype, like=means)
-        up = ops.scatter_add(ctx.numel, positive, ops.gather(ops.mul(ones, mean_pos), positive))
-        down = ops.scatter_add(ctx.numel, negative, ops.gather(ops.mul(ones, mean_neg), negative))
-        return ops.add(up, down)
+        indices = ops.concat([positive, negative])
+        # One value per sent index (an index is >= 0, so the mask is all ones): no full-size tensor.
+        values = ops.concat([ops.mul(ops.cast(ops.greater_equal(positive, 0), ctx.dtype), mean_pos),
+                             ops.mul(ops.cast(ops.greater_equal(negative, 0), ctx.dtype), mean_neg)])
+        return ops.scatter_add(ctx.numel, indices, values)

@@ -52,19 +52,18 @@ class DGC(Seeded, TopK):
         else:
             ratio = self.ratio
         k = max(1, int(ratio * n))
-        magnitude = ops.abs(ops.cast(flat, compute_dtype(ctx.dtype)))
+        x = ops.cast(flat, compute_dtype(ctx.dtype))
         m = min(n, max(int(n * self.sample_ratio), 1))
         picked = self.indices(n, m, name, ctx, ops, like=flat, step=step)
-        sample = ops.sort(ops.gather(magnitude, picked))
-        threshold = ops.scale(ops.gather(sample, ops.constant([m - max(1, int(m * ratio))],
-                                                              "int32", like=flat)), 0.8)
-        candidates = ops.nonzero(ops.greater_equal(magnitude, threshold))
+        rank = m - max(1, int(m * ratio))
+        threshold = ops.scale(ops.order_statistics(ops.abs(ops.gather(x, picked)), [rank]), 0.8)
+        candidates = ops.indices_at_least(x, threshold)
         # Every element outside the candidates is smaller than every candidate, so when there are at
         # least k candidates the k largest of them are the k largest of the tensor.
         indices = ops.cond(
             ops.size(candidates) >= k,
-            lambda: ops.gather(candidates, ops.topk_indices(ops.gather(magnitude, candidates), k)),
-            lambda: ops.topk_indices(magnitude, k))
+            lambda: ops.gather(candidates, ops.topk_indices(ops.gather(x, candidates), k)),
+            lambda: ops.topk_indices(x, k))
         indices = ops.cast(indices, index_dtype(n))
         return [ops.gather(flat, indices), indices]
 

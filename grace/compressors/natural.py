@@ -20,12 +20,16 @@ class Natural(Seeded, Compressor):
 
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, "float32")
+        step = self.next_step(name, ops)
+        fast = ops.fused("natural_encode", x, seed=(self._seed_of(name, ctx, shared=False), step))
+        if fast is not None:
+            return list(fast)
         magnitude = ops.abs(x)
         exponent = ops.exponent_bits(magnitude)
         normal = ops.greater_equal(exponent, 1)
         low = ops.power_of_two(ops.maximum(exponent, 1))  # 2^e, or the smallest normal float32
         excess = ops.where(normal, ops.sub(magnitude, low), magnitude)
-        uniform = self.uniform(ctx.numel, name, ctx, ops, like=flat)
+        uniform = self.uniform(ctx.numel, name, ctx, ops, like=flat, step=step)
         up = ops.cast(ops.less(uniform, ops.div(excess, low)), "int32")
         code = ops.where(normal, ops.add(exponent, up), up)
         code = ops.minimum(code, 254)  # the largest finite exponent
@@ -34,6 +38,9 @@ class Natural(Seeded, Compressor):
 
     def decode(self, payload, ctx, ops):
         code, packed = payload
+        fast = ops.fused("natural_decode", code, packed)
+        if fast is not None:
+            return ops.cast(fast[0], ctx.dtype)
         code = ops.cast(code, "int32")
         magnitude = ops.where(ops.equal(code, 0), ops.zeros(ctx.numel, "float32", like=code),
                               ops.power_of_two(ops.maximum(code, 1)))

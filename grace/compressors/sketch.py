@@ -1,42 +1,55 @@
 from __future__ import annotations
 
-from grace.compressor import Compressor, compute_dtype, numel_of
+from grace.compressor import Compressor, Seeded, compute_dtype, numel_of
 from grace.validation import check_int
 
+SAMPLE = 1 << 16
+"""Larger tensors take their bucket boundaries from a uniform random sample of this many elements
+(sorting all of a large gradient would cost more than sending it)."""
 
-class Sketch(Compressor):
-    """SketchML's quantile sketch for gradient values: the sorted values are cut into ``buckets``
-    equal-count buckets; each element is sent as its bucket's id (one byte) and each bucket as the
-    mean of its elements, so an element's error is at most its bucket's width. Jiang et al.,
+
+class Sketch(Seeded, Compressor):
+    """SketchML's quantile sketch for gradient values: the values are cut at their quantiles into
+    ``buckets`` equal-count buckets; each element is sent as its bucket's id (one byte) and each
+    bucket as the mean of its elements, so an element's error is at most its bucket's width. The
+    quantiles are exact up to ``SAMPLE`` elements and, above, those of a uniform random sample of
+    ``SAMPLE`` elements (a sketch's estimate, as in SketchML). Jiang et al.,
     "SketchML: Accelerating Distributed Machine Learning with Data Sketches", SIGMOD 2018 (values of
     dense tensors; its MinMaxSketch for sparse keys is not needed here)."""
 
     name = "sketch"
     default_communicator = "allgather"
 
-    def __init__(self, buckets: int = 256):
+    def __init__(self, buckets: int = 256, seed: int = 0):
         self.buckets = check_int("buckets", buckets, minimum=2)
         if self.buckets > 256:
             raise ValueError(f"buckets must be in [2, 256] (ids travel as one byte), got {buckets!r}")
+        self._init_seed(seed)
 
     def params(self):
-        return {"buckets": self.buckets}
+        return {"buckets": self.buckets, "seed": self.seed}
 
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         n, b = ctx.numel, self.buckets
-        cuts = [min(n - 1, (i * n) // b) for i in range(1, b)]
-        boundaries = ops.gather(ops.sort(x), ops.constant(cuts, "int32", like=flat))
-        ids = ops.bucketize(x, boundaries)
-        wide = ops.cast(x, "float64")  # bucket sums in float64: a bucket's mean stays inside it
-        sums = ops.scatter_add(b, ids, wide)
-        counts = ops.scatter_add(b, ids, ops.full(n, 1.0, "float64", like=x))
+        m = min(n, SAMPLE)
+        sample = x if m == n else ops.gather(x, self.indices(n, m, name, ctx, ops, like=flat))
+        cuts = [min(m - 1, (i * m) // b) for i in range(1, b)]
+        boundaries = ops.gather(ops.sort(sample), ops.constant(cuts, "int32", like=flat))
+        fast = ops.fused("bucketize_sums", x, boundaries)
+        if fast is not None:
+            ids, sums, counts = fast
+        else:
+            ids = ops.cast(ops.bucketize(x, boundaries), "uint8")
+            wide = ops.cast(x, "float64")  # bucket sums in float64: a bucket's mean stays inside it
+            sums = ops.scatter_add(b, ops.cast(ids, "int32"), wide)
+            counts = ops.scatter_add(b, ops.cast(ids, "int32"), ops.full(n, 1.0, "float64", like=x))
         means = ops.div(sums, ops.maximum(counts, 1.0))
-        return [ops.cast(means, ctx.dtype), ops.cast(ids, "uint8")]
+        return [ops.cast(means, ctx.dtype), ids]
 
     def decode(self, payload, ctx, ops):
         means, ids = payload
-        return ops.gather(means, ops.cast(ids, "int32"))
+        return ops.unpack_values(ids, 8, ctx.numel, means)
 
     def payload_nbytes(self, shape, itemsize):
         return self.buckets * itemsize + numel_of(shape)

@@ -26,12 +26,16 @@ class Threshold(Compressor):
 
     def encode(self, flat, name, ctx, ops):
         n = ctx.numel
-        indices = ops.nonzero(ops.greater_equal(ops.abs(flat), self.threshold))
         itemsize, index_size = ops.itemsize(ctx.dtype), ops.itemsize(index_dtype(n))
-        sparse_is_larger = ops.size(indices) * (itemsize + index_size) >= n * itemsize
+        # Counted first, so that a tensor that goes dense never has its indices listed.
+        sparse_is_larger = ops.count_at_least(flat, self.threshold) * (itemsize + index_size) >= n * itemsize
+
+        def sparse():
+            indices = ops.indices_at_least(flat, self.threshold)
+            return [ops.gather(flat, indices), indices]
+
         return ops.cond(sparse_is_larger,
-                        lambda: [flat, ops.zeros(0, index_dtype(n), like=flat)],
-                        lambda: [ops.gather(flat, indices), indices])
+                        lambda: [flat, ops.zeros(0, index_dtype(n), like=flat)], sparse)
 
     def decode(self, payload, ctx, ops):
         values, indices = payload

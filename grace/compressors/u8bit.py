@@ -24,20 +24,23 @@ class U8bit(Compressor):
 
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
-        scale = ops.max(ops.abs(x))
-        relative = ops.cast(ops.div(ops.abs(x), ops.maximum(scale, TINY)), "float32")
-        index = ops.bucketize(relative, ops.constant(BOUNDARIES, "float32", like=flat))
+        scale = ops.max_abs(x)
+        divisor = ops.maximum(scale, TINY)
+        boundaries = ops.constant(BOUNDARIES, "float32", like=flat)
+        fast = ops.fused("magnitude_buckets", x, divisor, boundaries)
+        if fast is not None:
+            return [ops.cast(scale, ctx.dtype), fast[0]]
+        relative = ops.cast(ops.div(ops.abs(x), divisor), "float32")
+        index = ops.bucketize(relative, boundaries)
         negative = ops.cast(ops.less(x, 0.0), "int32")
         return [ops.cast(scale, ctx.dtype), ops.cast(ops.add(index, ops.mul(negative, 128)), "uint8")]
 
     def decode(self, payload, ctx, ops):
         scale, codes = payload
-        codes = ops.cast(codes, "int32")
-        negative = ops.greater_equal(codes, 128)
-        index = ops.where(negative, ops.sub(codes, 128), codes)
-        magnitude = ops.gather(ops.constant(TABLE, "float32", like=codes), index)
-        value = ops.mul(magnitude, ops.cast(scale, "float32"))
-        return ops.cast(ops.where(negative, ops.scale(value, -1.0), value), ctx.dtype)
+        # The 256 possible bytes' values, computed once; the elements are decoded through them.
+        value = ops.mul(ops.constant(TABLE, "float32", like=codes), ops.cast(scale, "float32"))
+        table = ops.cast(ops.concat([value, ops.scale(value, -1.0)]), ctx.dtype)
+        return ops.unpack_values(codes, 8, ctx.numel, table)
 
     def payload_nbytes(self, shape, itemsize):
         return itemsize + numel_of(shape)

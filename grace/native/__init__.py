@@ -26,7 +26,10 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Callable
+
+import numpy as np
 
 MIN_NUMEL = 1 << 12
 """Adapters use the kernels from this many elements; below it the composite code costs as little."""
@@ -91,12 +94,22 @@ def _declare(lib: ctypes.CDLL) -> None:
         "grace_unpack_values": [ptr, ctypes.c_int, i64, i64, ptr, ptr],
         "grace_sums": [ptr, i64, i64, ptr],
         "grace_scaled_sum": [ptr, f32, ptr, f32, i64, i64, ptr],
-        "grace_select_above": [ptr, i64, i64, f32, ptr, i64],
+        "grace_count_above": [ptr, i64, i64, f32],
+        "grace_select_above": [ptr, i64, i64, f32, ptr, ctypes.c_int],
+        "grace_scatter_add": [ptr, ptr, ctypes.c_int, ptr, i64],
+        "grace_two_sided": [ptr, i64, i64, f32, f32, ptr, ptr, ptr, ptr],
+        "grace_inceptionn_encode": [ptr, i64, i64, f32, ptr, ptr, ptr, ptr, ptr],
+        "grace_count_tags": [ptr, i64, i64, ptr],
+        "grace_inceptionn_decode": [ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, f32, ptr],
+        "grace_natural_encode": [ptr, i64, i64, u32, u32, ptr, ptr],
+        "grace_natural_decode": [ptr, ptr, i64, i64, ptr],
+        "grace_magnitude_buckets": [ptr, i64, i64, f32, ptr, ptr, ptr, ptr],
+        "grace_bucketize_sums": [ptr, i64, i64, ptr, ptr, ptr, ctypes.c_int32, ptr, ptr, ptr],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
-        fn.restype = ctypes.c_int64 if name == "grace_select_above" else None
+        fn.restype = ctypes.c_int64 if name == "grace_count_above" else None
 
 
 def library() -> ctypes.CDLL | None:
@@ -117,8 +130,23 @@ def library() -> ctypes.CDLL | None:
     return _lib
 
 
+_disabled = 0
+
+
 def available() -> bool:
-    return library() is not None
+    return _disabled == 0 and library() is not None
+
+
+@contextmanager
+def disabled():
+    """Within the block the adapters see no library and run their composite code (for comparing
+    the two in one process)."""
+    global _disabled
+    _disabled += 1
+    try:
+        yield
+    finally:
+        _disabled -= 1
 
 
 def reason() -> str | None:
@@ -228,14 +256,226 @@ def scaled_sum(a: int | None, alpha: float, b: int, beta: float, n: int, out: in
     _parallel(n, lambda _, start, count: lib.grace_scaled_sum(a, alpha, b, beta, start, count, out))
 
 
-def select_above(x: int, n: int, threshold: float, out: int, cap: int) -> list[int]:
-    """For each range of ``[0, n)``, the int32 indices ``i`` with ``|x[i]| >= threshold``, written to
-    ``out + 4 * cap * range_index``, at most ``cap`` per range; returns each range's count (a count
-    over ``cap`` means that range's list is cut short)."""
+# --- kernels over numpy arrays (host memory), shared by the torch and TensorFlow adapters ----------
+def _empty(n: int, dtype, allocate=np.empty) -> np.ndarray:
+    """An uninitialised array whose data starts on 64 bytes: TensorFlow adopts such an array as a
+    tensor without copying it (it copies one that is not aligned for Eigen)."""
+    itemsize = np.dtype(dtype).itemsize
+    raw = allocate(n * itemsize + 64, np.uint8)
+    offset = (-raw.ctypes.data) % 64
+    return raw[offset:offset + n * itemsize].view(dtype)
+
+
+def empty(n: int, dtype) -> np.ndarray:
+    return _empty(n, dtype)
+
+
+def zeros(n: int, dtype) -> np.ndarray:
+    """As ``empty``, holding zeros: fresh pages from the kernel, with no pass to clear them."""
+    return _empty(n, dtype, np.zeros)
+
+
+def _bucket_index(boundaries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Ascending float32 boundaries, and for each of the 65536 values of a float32's top 16 bits
+    the range [low, high] that holds the count of boundaries <= any float with those bits."""
+    # One slot past the end, so that the branch-free steps may read it (and ignore it).
+    boundaries = np.append(np.asarray(boundaries, np.float32), np.float32(np.inf))
+    keys = np.arange(1 << 16, dtype=np.uint32) << 16
+    first, last = keys.view(np.float32), (keys | 0xFFFF).view(np.float32)
+    lowest, highest = np.fmin(first, last), np.fmax(first, last)
+    low = np.searchsorted(boundaries[:-1], lowest, side="right").astype(np.int32)
+    high = np.searchsorted(boundaries[:-1], highest, side="right").astype(np.int32)
+    # NaN keys: any answer in range (such a step is dropped by the non-finite flag).
+    nan = np.isnan(lowest) | np.isnan(highest)
+    low[nan], high[nan] = 0, 0
+    return boundaries, low, high
+
+
+def indices_at_least(x: np.ndarray, threshold: float, dtype=np.int64) -> np.ndarray:
+    """The indices (``dtype``: int32 or int64) of float32 ``x`` with ``|x| >= threshold``, in order."""
+    lib = _require()
+    n, address = x.size, x.ctypes.data
+    wide = int(np.dtype(dtype) == np.int64)
+    itemsize = 8 if wide else 4
+    ranges = _ranges(n)
+    counts = [0] * len(ranges)
+
+    def count(index, start, size):
+        counts[index] = lib.grace_count_above(address, start, size, threshold)
+
+    _parallel(n, count)
+    # Each range writes from its own offset, with a slot of slack of its own for the branch-free loop.
+    offsets = [int(sum(counts[:i])) + i for i in range(len(ranges))]
+    out = _empty(sum(counts) + len(ranges), dtype)
+    _parallel(n, lambda index, start, size: lib.grace_select_above(
+        address, start, size, threshold, out.ctypes.data + itemsize * offsets[index], wide))
+    if len(ranges) == 1:
+        return out[:counts[0]]
+    return np.concatenate([out[o:o + c] for o, c in zip(offsets, counts)])
+
+
+def count_at_least(x: np.ndarray, threshold: float) -> int:
+    """How many elements of float32 ``x`` have ``|x| >= threshold``."""
     lib = _require()
     counts = [0] * (threads() + 1)
 
-    def call(index, start, count):
-        counts[index] = lib.grace_select_above(x, start, count, threshold, out + 4 * cap * index, cap)
+    def count(index, start, size):
+        counts[index] = lib.grace_count_above(x.ctypes.data, start, size, threshold)
 
-    return counts[:_parallel(n, call)]
+    return sum(counts[:_parallel(x.size, count)])
+
+
+def scatter_add(n: int, indices: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """A float32 array of ``n`` zeros with ``values`` added at ``indices`` (int32 or int64)."""
+    lib = _require()
+    indices, values = np.ascontiguousarray(indices), np.ascontiguousarray(values, np.float32)
+    out = zeros(n, np.float32)
+    lib.grace_scatter_add(out.ctypes.data, indices.ctypes.data, int(indices.dtype == np.int64),
+                          values.ctypes.data, values.size)
+    return out
+
+
+def two_sided(x: np.ndarray, top: np.ndarray, bottom: np.ndarray):
+    """AdaQ's selection: the indices (int64, in order) of ``x >= top`` among the positive elements
+    and of ``x <= bottom`` among the negative ones, and their float64 sums and counts."""
+    lib = _require()
+    n, address = x.size, x.ctypes.data
+    t, b = _value(top), _value(bottom)
+    ranges = _ranges(n)
+    counts = np.zeros((len(ranges), 2), np.int64)
+    _parallel(n, lambda index, start, size: lib.grace_two_sided(
+        address, start, size, t, b, None, None, None, counts[index].ctypes.data))
+    offsets = np.zeros((len(ranges), 2), np.int64)
+    offsets[1:] = np.cumsum(counts + 1, axis=0)[:-1]
+    total = counts.sum(0) + len(ranges)
+    high, low = _empty(int(total[0]), np.int64), _empty(int(total[1]), np.int64)
+    sums = np.zeros((len(ranges), 2))
+    scratch = np.zeros((len(ranges), 2), np.int64)
+    _parallel(n, lambda index, start, size: lib.grace_two_sided(
+        address, start, size, t, b, high.ctypes.data + 8 * int(offsets[index, 0]),
+        low.ctypes.data + 8 * int(offsets[index, 1]), sums[index].ctypes.data,
+        scratch[index].ctypes.data))
+    pick = [np.concatenate([out[o:o + c] for o, c in zip(offsets[:, j], counts[:, j])])
+            for j, out in enumerate((high, low))]
+    return pick[0], pick[1], sums.sum(0), counts.sum(0).astype(np.float64)
+
+
+def inceptionn_encode(x: np.ndarray, inverse: np.ndarray):
+    """INCEPTIONN's tags (2 bits, packed) and class members (int8 and int16 steps, float32 values)
+    for float32 ``x`` with ``steps = rint(x * inverse)``."""
+    lib = _require()
+    n, address = x.size, x.ctypes.data
+    inv = _value(inverse)
+    ranges = _ranges(n)
+    counts = np.zeros((len(ranges), 3), np.int64)
+    _parallel(n, lambda index, start, size: lib.grace_inceptionn_encode(
+        address, start, size, inv, None, None, None, None, counts[index].ctypes.data))
+    offsets = np.zeros((len(ranges), 3), np.int64)
+    offsets[1:] = np.cumsum(counts, axis=0)[:-1]
+    total = counts.sum(0)
+    tags = _empty((n + 3) // 4, np.uint8)
+    small, medium = _empty(int(total[0]), np.int8), _empty(int(total[1]), np.int16)
+    large = _empty(int(total[2]), np.float32)
+    scratch = np.zeros((len(ranges), 3), np.int64)
+    _parallel(n, lambda index, start, size: lib.grace_inceptionn_encode(
+        address, start, size, inv, tags.ctypes.data + start // 4,
+        small.ctypes.data + int(offsets[index, 0]), medium.ctypes.data + 2 * int(offsets[index, 1]),
+        large.ctypes.data + 4 * int(offsets[index, 2]), scratch[index].ctypes.data))
+    return tags, small, medium, large
+
+
+def inceptionn_decode(tags: np.ndarray, small: np.ndarray, medium: np.ndarray, large: np.ndarray,
+                      error_bound: np.ndarray, n: int) -> np.ndarray:
+    lib = _require()
+    out = _empty(n, np.float32)
+    ranges = _ranges(n)
+    counts = np.zeros((len(ranges), 3), np.int64)
+    _parallel(n, lambda index, start, size: lib.grace_count_tags(
+        tags.ctypes.data, start, size, counts[index].ctypes.data))
+    offsets = np.zeros((len(ranges), 3), np.int64)
+    offsets[1:] = np.cumsum(counts, axis=0)[:-1]
+    bound = _value(error_bound)
+    _parallel(n, lambda index, start, size: lib.grace_inceptionn_decode(
+        tags.ctypes.data, start, size, small.ctypes.data, medium.ctypes.data, large.ctypes.data,
+        *(int(o) for o in offsets[index]), bound, out.ctypes.data))
+    return out
+
+
+def _value(a) -> float:
+    return float(np.reshape(a, -1)[0])
+
+
+def natural_encode(x: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    lib = _require()
+    n = x.size
+    k0, k1 = split_key(seed)
+    codes, signs = _empty(n, np.uint8), _empty((n + 7) // 8, np.uint8)
+    _parallel(n, lambda _, start, count: lib.grace_natural_encode(
+        x.ctypes.data, start, count, k0, k1, codes.ctypes.data, signs.ctypes.data + start // 8))
+    return codes, signs
+
+
+def natural_decode(codes: np.ndarray, signs: np.ndarray) -> np.ndarray:
+    lib = _require()
+    n = codes.size
+    out = _empty(n, np.float32)
+    _parallel(n, lambda _, start, count: lib.grace_natural_decode(
+        codes.ctypes.data, signs.ctypes.data, start, count, out.ctypes.data))
+    return out
+
+
+def magnitude_buckets(x: np.ndarray, divisor: np.ndarray, boundaries: np.ndarray) -> np.ndarray:
+    """For float32 ``x``: how many ``boundaries`` are <= ``|x| / divisor``, plus 128 where x < 0."""
+    lib = _require()
+    n = x.size
+    table, low, high = _bucket_index(boundaries)
+    out = _empty(n, np.uint8)
+    d = _value(divisor)
+    _parallel(n, lambda _, start, count: lib.grace_magnitude_buckets(
+        x.ctypes.data, start, count, d, table.ctypes.data, low.ctypes.data, high.ctypes.data,
+        out.ctypes.data))
+    return out
+
+
+def bucketize_sums(x: np.ndarray, boundaries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For float32 ``x``: each element's bucket (how many of at most 255 ``boundaries`` are <= it)
+    as a byte, and per bucket the float64 sum and count of its elements."""
+    lib = _require()
+    n = x.size
+    table, low, high = _bucket_index(boundaries)
+    ids = _empty(n, np.uint8)
+    buckets = len(table)
+    parts = len(_ranges(n))
+    sums, counts = np.zeros((parts, buckets)), np.zeros((parts, buckets))
+    _parallel(n, lambda index, start, count: lib.grace_bucketize_sums(
+        x.ctypes.data, start, count, table.ctypes.data, low.ctypes.data, high.ctypes.data, buckets,
+        ids.ctypes.data, sums[index].ctypes.data, counts[index].ctypes.data))
+    return ids, sums.sum(0), counts.sum(0)
+
+
+
+FUSED: dict[str, tuple[Callable, Callable]] = {
+    # name: (the loop over numpy arrays, the outputs' (dtype, shape) from the inputs' shapes)
+    "natural_encode": (natural_encode, lambda x: [("uint8", x), ("uint8", ((x[0] + 7) // 8,))]),
+    "natural_decode": (natural_decode, lambda codes, signs: [("float32", codes)]),
+    "magnitude_buckets": (magnitude_buckets, lambda x, divisor, boundaries: [("uint8", x)]),
+    "two_sided": (two_sided, lambda x, top, bottom: [
+        ("int64", (None,)), ("int64", (None,)), ("float64", (2,)), ("float64", (2,))]),
+    "inceptionn_encode": (inceptionn_encode, lambda x, inverse: [
+        ("uint8", ((x[0] + 3) // 4,)), ("int8", (None,)), ("int16", (None,)), ("float32", (None,))]),
+    "inceptionn_decode": (inceptionn_decode, lambda *shapes, n: [("float32", (n,))]),
+    "bucketize_sums": (bucketize_sums, lambda x, boundaries: [
+        ("uint8", x), ("float64", (boundaries[0] + 1,)), ("float64", (boundaries[0] + 1,))]),
+}
+"""The algorithm-specific loops an adapter's ``Ops.fused`` may run: each takes numpy arrays (then
+the seed where it draws random numbers, and keyword parameters) and returns one array or a tuple of
+them; beside it, the outputs' dtypes and shapes (None: known when it runs) from the inputs' shapes
+and the parameters."""
+
+
+def run_fused(kernel: str, arrays: list, seed: int | None = None, **params):
+    """``FUSED[kernel]`` on contiguous arrays (and ``params``, plain numbers), as a tuple of arrays."""
+    fn = FUSED[kernel][0]
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    result = fn(*arrays, seed, **params) if seed is not None else fn(*arrays, **params)
+    return result if isinstance(result, tuple) else (result,)

@@ -229,22 +229,229 @@ void grace_scaled_sum(const float *a, float alpha, const float *b, float beta, i
     }
 }
 
-/* The indices i in [start, start + n) with |x[i]| >= threshold, written to out (int32), at most cap
- * of them; returns how many there are (more than cap: out holds the first ones). Branch-free: each
- * index is written, and the count moves on only past a candidate. */
-int64_t grace_select_above(const float *x, int64_t start, int64_t n, float threshold, int32_t *out,
-                           int64_t cap) {
+/* How many i in [start, start + n) have |x[i]| >= threshold. */
+int64_t grace_count_above(const float *x, int64_t start, int64_t n, float threshold) {
     int64_t count = 0;
-    for (int64_t b = start; b < start + n; b += BLOCK) {
-        int64_t end = b + BLOCK < start + n ? b + BLOCK : start + n;
-        if (count + (end - b) > cap) {
-            for (int64_t i = b; i < end; i++) count += fabsf(x[i]) >= threshold;
-            continue;
+    for (int64_t i = start; i < start + n; i++) count += fabsf(x[i]) >= threshold;
+    return count;
+}
+
+/* The indices i in [start, start + n) with |x[i]| >= threshold, in order, written to out (int64,
+ * or int32 where wide is 0), which has room for one more than there are. Branch-free: every index
+ * is written, and the count moves on only past a selected one. */
+void grace_select_above(const float *x, int64_t start, int64_t n, float threshold, void *out, int wide) {
+    int64_t count = 0;
+    if (wide) {
+        int64_t *o = out;
+        for (int64_t i = start; i < start + n; i++) {
+            o[count] = i;
+            count += fabsf(x[i]) >= threshold;
         }
-        for (int64_t i = b; i < end; i++) {
-            out[count] = (int32_t)i;
+    } else {
+        int32_t *o = out;
+        for (int64_t i = start; i < start + n; i++) {
+            o[count] = (int32_t)i;
             count += fabsf(x[i]) >= threshold;
         }
     }
-    return count;
+}
+
+/* out[indices[j]] += values[j] for j < k (indices int32, or int64 where wide); repeats add up. */
+void grace_scatter_add(float *out, const void *indices, int wide, const float *values, int64_t k) {
+    if (wide) {
+        const int64_t *idx = indices;
+        for (int64_t j = 0; j < k; j++) out[idx[j]] += values[j];
+    } else {
+        const int32_t *idx = indices;
+        for (int64_t j = 0; j < k; j++) out[idx[j]] += values[j];
+    }
+}
+
+/* Natural compression: |x| rounded at random to a power of two around it (grace/compressors/
+ * natural.py): the exponent field of the result (0 for zero, at most 254) as a byte, and a bit per
+ * element, 1 where x < 0, packed. */
+void grace_natural_encode(const float *x, int64_t start, int64_t n, uint32_t k0, uint32_t k1,
+                          uint8_t *codes, uint8_t *signs) {
+    uint8_t negative[BLOCK];
+    float u[BLOCK];
+    for (int64_t b = 0; b < n; b += BLOCK) {
+        int64_t m = n - b < BLOCK ? n - b : BLOCK;
+        const float *p = x + start + b;
+        uint32_t first = (uint32_t)(start + b);
+        for (int64_t j = 0; j < m; j++) u[j] = counter_uniform(first + (uint32_t)j, k0, k1);
+        for (int64_t j = 0; j < m; j++) {
+            float magnitude = fabsf(p[j]);
+            uint32_t raw;
+            memcpy(&raw, &magnitude, sizeof raw);
+            int32_t exponent = (int32_t)((raw >> 23) & 0xFF);
+            int32_t floor_exponent = exponent > 1 ? exponent : 1;
+            uint32_t low_bits = (uint32_t)floor_exponent << 23;
+            float low;
+            memcpy(&low, &low_bits, sizeof low);
+            float excess = exponent >= 1 ? magnitude - low : magnitude;
+            int32_t up = u[j] < excess / low ? 1 : 0;
+            int32_t code = exponent >= 1 ? exponent + up : up;
+            code = code < 254 ? code : 254;
+            codes[start + b + j] = (uint8_t)code;
+            negative[j] = (uint8_t)(p[j] < 0.0f);
+        }
+        pack(negative, m, 1, signs + b / 8);
+    }
+}
+
+/* The inverse: the power of two of each exponent byte (0 stays 0), negated where the sign bit is 1. */
+void grace_natural_decode(const uint8_t *codes, const uint8_t *signs, int64_t start, int64_t n,
+                          float *out) {
+    float magnitude[256];
+    magnitude[0] = 0.0f;
+    for (uint32_t c = 1; c < 256; c++) {
+        uint32_t raw = c << 23;
+        memcpy(&magnitude[c], &raw, sizeof(float));
+    }
+    for (int64_t i = start; i < start + n; i++) {
+        float sign = 1.0f - 2.0f * (float)((signs[i / 8] >> (i % 8)) & 1);
+        out[i] = magnitude[codes[i]] * sign;
+    }
+}
+
+/* Counting the ascending boundaries <= v fast: a float's top 16 bits (sign, exponent, 7 bits of
+ * mantissa) fix an interval of values, and the count for any v in it lies in [low[key], high[key]],
+ * which the caller computed once per call. Most intervals hold no boundary or one, so one compare
+ * finishes; a loop takes the rare wider interval, exactly. */
+static inline int32_t bucket_of(float v, const float *boundaries, const int32_t *low, const int32_t *high) {
+    uint32_t raw;
+    memcpy(&raw, &v, sizeof raw);
+    uint32_t key = raw >> 16;
+    int32_t index = low[key], end = high[key];
+    if (__builtin_expect(end - index > 1, 0)) {
+        while (index < end && boundaries[index] <= v) index++;
+        return index;
+    }
+    return index + (int32_t)(index < end && boundaries[index] <= v);
+}
+
+/* For each element, bucket_of(|x| / divisor), plus 128 where x < 0, as a byte. */
+void grace_magnitude_buckets(const float *x, int64_t start, int64_t n, float divisor,
+                             const float *boundaries, const int32_t *low, const int32_t *high,
+                             uint8_t *out) {
+    for (int64_t i = start; i < start + n; i++) {
+        float relative = fabsf(x[i]) / divisor;
+        int32_t index = bucket_of(relative, boundaries, low, high);
+        out[i] = (uint8_t)(index + (x[i] < 0.0f ? 128 : 0));
+    }
+}
+
+/* For each element, bucket_of(x) as a byte; and per bucket the float64 sum and the count of its
+ * elements, added into sums and counts (of `buckets` each, at most 256). Four partial histograms,
+ * element i into histogram i % 4, keep neighbours in one bucket from waiting on each other. */
+void grace_bucketize_sums(const float *x, int64_t start, int64_t n, const float *boundaries,
+                          const int32_t *low, const int32_t *high, int32_t buckets, uint8_t *ids,
+                          double *sums, double *counts) {
+    double partial[4][256] = {{0}};
+    int64_t tally[4][256] = {{0}};
+    for (int64_t i = start; i < start + n; i++) {
+        float v = x[i];
+        int32_t index = bucket_of(v, boundaries, low, high);
+        ids[i] = (uint8_t)index;
+        partial[i & 3][index] += (double)v;
+        tally[i & 3][index] += 1;
+    }
+    for (int32_t b = 0; b < buckets; b++) {
+        sums[b] += (partial[0][b] + partial[1][b]) + (partial[2][b] + partial[3][b]);
+        counts[b] += (double)(tally[0][b] + tally[1][b] + tally[2][b] + tally[3][b]);
+    }
+}
+
+/* AdaQ's selection (grace/compressors/adaq.py) over [start, start + n): the elements with
+ * x >= top and x > 0, and those with x <= bottom and x < 0. With out_high/out_low NULL it only
+ * counts them (into counts[0], counts[1]); else it also writes their indices (int64, each list with
+ * a slot of slack) and adds their float64 sums into sums[0], sums[1]. */
+void grace_two_sided(const float *x, int64_t start, int64_t n, float top, float bottom, int64_t *out_high,
+                     int64_t *out_low, double *sums, int64_t *counts) {
+    int64_t high = 0, low = 0;
+    double sum_high = 0.0, sum_low = 0.0;
+    for (int64_t i = start; i < start + n; i++) {
+        float v = x[i];
+        int up = (v >= top) & (v > 0.0f);
+        int down = (v <= bottom) & (v < 0.0f);
+        if (out_high) {
+            out_high[high] = i;
+            out_low[low] = i;
+            sum_high += up ? (double)v : 0.0;
+            sum_low += down ? (double)v : 0.0;
+        }
+        high += up;
+        low += down;
+    }
+    counts[0] = high;
+    counts[1] = low;
+    if (sums) {
+        sums[0] += sum_high;
+        sums[1] += sum_low;
+    }
+}
+
+/* INCEPTIONN (grace/compressors/inceptionn.py): steps = rint(x * inverse); a 2-bit tag per element,
+ * 0 where |steps| < 1, 1 below 128, 2 below 32768, else 3. With counts only (tags NULL) it counts
+ * the tags 1, 2, 3 of [start, start + n); else it packs the tags (tags starts on this range's byte)
+ * and writes the class members: steps as int8, steps as int16, x itself. */
+void grace_inceptionn_encode(const float *x, int64_t start, int64_t n, float inverse, uint8_t *tags,
+                             int8_t *small, int16_t *medium, float *large, int64_t *counts) {
+    uint8_t codes[BLOCK];
+    int64_t c1 = 0, c2 = 0, c3 = 0;
+    for (int64_t b = 0; b < n; b += BLOCK) {
+        int64_t m = n - b < BLOCK ? n - b : BLOCK;
+        const float *p = x + start + b;
+        for (int64_t j = 0; j < m; j++) {
+            float steps = rintf(p[j] * inverse);
+            float size = fabsf(steps);
+            codes[j] = (uint8_t)((size >= 1.0f) + (size >= 128.0f) + (size >= 32768.0f));
+        }
+        if (tags) {
+            for (int64_t j = 0; j < m; j++) {
+                float steps = rintf(p[j] * inverse);
+                if (codes[j] == 1) small[c1] = (int8_t)steps;
+                else if (codes[j] == 2) medium[c2] = (int16_t)steps;
+                else if (codes[j] == 3) large[c3] = p[j];
+                c1 += codes[j] == 1;
+                c2 += codes[j] == 2;
+                c3 += codes[j] == 3;
+            }
+            pack(codes, m, 2, tags + b / 4);
+        } else {
+            for (int64_t j = 0; j < m; j++) {
+                c1 += codes[j] == 1;
+                c2 += codes[j] == 2;
+                c3 += codes[j] == 3;
+            }
+        }
+    }
+    counts[0] = c1;
+    counts[1] = c2;
+    counts[2] = c3;
+}
+
+/* How many of the 2-bit tags of elements [start, start + n) are 1, 2 and 3 (start a multiple of 4). */
+void grace_count_tags(const uint8_t *tags, int64_t start, int64_t n, int64_t *counts) {
+    int64_t c[4] = {0};
+    for (int64_t i = start; i < start + n; i++) c[(tags[i / 4] >> (2 * (i % 4))) & 3]++;
+    counts[0] = c[1];
+    counts[1] = c[2];
+    counts[2] = c[3];
+}
+
+/* The inverse, for elements [start, start + n), whose first members of each class are small[c1],
+ * medium[c2], large[c3]: each element's value from its tag and the next member of its class (steps
+ * times error_bound, or the float itself). */
+void grace_inceptionn_decode(const uint8_t *tags, int64_t start, int64_t n, const int8_t *small,
+                             const int16_t *medium, const float *large, int64_t c1, int64_t c2,
+                             int64_t c3, float error_bound, float *out) {
+    for (int64_t i = start; i < start + n; i++) {
+        int tag = (tags[i / 4] >> (2 * (i % 4))) & 3;
+        float v = 0.0f;
+        if (tag == 1) v = (float)small[c1++] * error_bound;
+        else if (tag == 2) v = (float)medium[c2++] * error_bound;
+        else if (tag == 3) v = large[c3++];
+        out[i] = v;
+    }
 }
