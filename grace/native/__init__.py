@@ -9,7 +9,7 @@ raw pointers through ``ctypes``, which releases the GIL, and disjoint ranges of 
 a few Python threads at once.
 
 The library is compiled on first use with the system's C compiler (``$CC``, else ``cc``) and cached
-under ``$GRACE_NATIVE_CACHE`` (default ``~/.cache/grace``), keyed by the source, the flags and the
+under ``$GRACE_NATIVE_CACHE`` (else ``$GRACE_CACHE``, else ``~/.cache/grace``), keyed by the source, the flags and the
 CPU's features (it is built with ``-march=native``). Without a compiler, or with
 ``GRACE_NATIVE=0``, ``available()`` is false and the adapters keep their composite code: the same
 results, more slowly. ``GRACE_NATIVE_THREADS`` sets the number of threads (default: the CPUs this
@@ -67,7 +67,8 @@ def _build() -> str:
     with open(_SOURCE, "rb") as f:
         source = f.read()
     key = hashlib.sha256(source + " ".join([compiler, *_FLAGS, _cpu_features()]).encode()).hexdigest()
-    cache = os.environ.get("GRACE_NATIVE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "grace"))
+    cache = (os.environ.get("GRACE_NATIVE_CACHE") or os.environ.get("GRACE_CACHE")
+             or os.path.join(os.path.expanduser("~"), ".cache", "grace"))
     os.makedirs(cache, exist_ok=True)
     path = os.path.join(cache, f"kernels-{key[:16]}.so")
     if not os.path.exists(path):
