@@ -207,3 +207,26 @@ def test_tensorflow_takes_the_same_loops_in_a_graph(name):
         for i, (a, b) in enumerate(zip(got_payload, payload)):
             assert_same(a, b, f"{name}: payload {i}")
         assert_same(got_decoded.numpy(), decoded, f"{name}: decoded")
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "log-spaced", "infinite", "ties"])
+def test_the_bucket_index_bounds_every_count(kind):
+    """For every 16-bit key, [low, high] are the counts of boundaries <= the lowest and the highest
+    float with that key (what the bucket search relies on to be exact)."""
+    from grace.compressors.u8bit import BOUNDARIES
+
+    boundaries = {
+        "gaussian": np.sort(np.random.default_rng(1).standard_normal(255)).astype(np.float32),
+        "log-spaced": BOUNDARIES,
+        "infinite": np.array([-np.inf, -0.0, 0.0, 1.0, np.inf], np.float32),
+        "ties": np.array([-1.0, 0.5, 0.5, 0.5, 2.0], np.float32),
+    }[kind]
+    _, low, high, shift = native._bucket_index(boundaries)
+    keys = np.arange(1 << (32 - shift), dtype=np.uint32) << shift
+    ends = np.stack([keys, keys | ((1 << shift) - 1)]).view(np.float32)
+    lowest, highest = np.fmin(ends[0], ends[1]), np.fmax(ends[0], ends[1])
+    nan = np.isnan(lowest)
+    expected_low = np.where(nan, 0, np.searchsorted(boundaries, lowest, side="right"))
+    expected_high = np.where(nan, 0, np.searchsorted(boundaries, highest, side="right"))
+    np.testing.assert_array_equal(low, expected_low)
+    np.testing.assert_array_equal(high, expected_high)

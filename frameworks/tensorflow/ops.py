@@ -14,6 +14,10 @@ from grace.ops import Ops, draw_indices, draw_uniform, index_dtype
 
 SAMPLED_TOPK_MIN = 1 << 18  # as in frameworks/torch/ops.py
 
+# Build (or load) grace/native now: a first use inside a traced function would have AutoGraph try
+# to convert the build's file-system calls.
+native.available()
+
 
 def _sampled_topk(x, k: int, n: int, index_type: str):
     """The exact top-k by magnitude via candidates above a threshold estimated from a strided

@@ -9,8 +9,8 @@ raw pointers through ``ctypes``, which releases the GIL, and disjoint ranges of 
 a few Python threads at once.
 
 The library is compiled on first use with the system's C compiler (``$CC``, else ``cc``) and cached
-under ``$GRACE_NATIVE_CACHE`` (else ``$GRACE_CACHE``, else ``~/.cache/grace``), keyed by the source, the flags and the
-CPU's features (it is built with ``-march=native``). Without a compiler, or with
+under ``$GRACE_NATIVE_CACHE`` (else ``$GRACE_CACHE``, else ``~/.cache/grace``), keyed by the source,
+the flags and the CPU's features (it is built with ``-march=native``). Without a compiler, or with
 ``GRACE_NATIVE=0``, ``available()`` is false and the adapters keep their composite code: the same
 results, more slowly. ``GRACE_NATIVE_THREADS`` sets the number of threads (default: the CPUs this
 process may run on).
@@ -34,7 +34,7 @@ import numpy as np
 MIN_NUMEL = 1 << 12
 """Adapters use the kernels from this many elements; below it the composite code costs as little."""
 
-PARALLEL_NUMEL = 1 << 18
+PARALLEL_NUMEL = 1 << 19
 """From this many elements a kernel's range is split between threads."""
 
 MAX_BITS = 8
@@ -101,11 +101,13 @@ def _declare(lib: ctypes.CDLL) -> None:
         "grace_two_sided": [ptr, i64, i64, f32, f32, ptr, ptr, ptr, ptr],
         "grace_inceptionn_encode": [ptr, i64, i64, f32, ptr, ptr, ptr, ptr, ptr],
         "grace_count_tags": [ptr, i64, i64, ptr],
+        "grace_bucket_index": [ptr, ctypes.c_int32, ctypes.c_int, ptr, ptr],
         "grace_inceptionn_decode": [ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, f32, ptr],
         "grace_natural_encode": [ptr, i64, i64, u32, u32, ptr, ptr],
         "grace_natural_decode": [ptr, ptr, i64, i64, ptr],
-        "grace_magnitude_buckets": [ptr, i64, i64, f32, ptr, ptr, ptr, ptr],
-        "grace_bucketize_sums": [ptr, i64, i64, ptr, ptr, ptr, ctypes.c_int32, ptr, ptr, ptr],
+        "grace_magnitude_buckets": [ptr, i64, i64, f32, ptr, ptr, ptr, ctypes.c_int, ptr],
+        "grace_bucketize_sums": [ptr, i64, i64, ptr, ptr, ptr, ctypes.c_int, ctypes.c_int32, ptr, ptr,
+                                 ptr],
     }
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
@@ -181,10 +183,13 @@ def _parallel(n: int, call: Callable[[int, int, int], None]) -> int:
     if len(ranges) == 1:
         call(0, *ranges[0])
         return 1
-    if _pool is None or _pool_size < len(ranges):
-        _pool = ThreadPoolExecutor(max_workers=len(ranges), thread_name_prefix="grace-native")
-        _pool_size = len(ranges)
-    futures = [_pool.submit(call, i, start, count) for i, (start, count) in enumerate(ranges)]
+    if _pool is None or _pool_size < len(ranges) - 1:
+        _pool = ThreadPoolExecutor(max_workers=len(ranges) - 1, thread_name_prefix="grace-native")
+        _pool_size = len(ranges) - 1
+    # The calling thread runs the first range itself: a hand-off to a waiting thread costs far more
+    # than the loop over a range of moderate size.
+    futures = [_pool.submit(call, i, start, count) for i, (start, count) in enumerate(ranges) if i]
+    call(0, *ranges[0])
     for future in futures:
         future.result()
     return len(ranges)
@@ -276,20 +281,27 @@ def zeros(n: int, dtype) -> np.ndarray:
     return _empty(n, dtype, np.zeros)
 
 
-def _bucket_index(boundaries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Ascending float32 boundaries, and for each of the 65536 values of a float32's top 16 bits
-    the range [low, high] that holds the count of boundaries <= any float with those bits."""
-    # One slot past the end, so that the branch-free steps may read it (and ignore it).
-    boundaries = np.append(np.asarray(boundaries, np.float32), np.float32(np.inf))
-    keys = np.arange(1 << 16, dtype=np.uint32) << 16
-    first, last = keys.view(np.float32), (keys | 0xFFFF).view(np.float32)
-    lowest, highest = np.fmin(first, last), np.fmax(first, last)
-    low = np.searchsorted(boundaries[:-1], lowest, side="right").astype(np.int32)
-    high = np.searchsorted(boundaries[:-1], highest, side="right").astype(np.int32)
-    # NaN keys: any answer in range (such a step is dropped by the non-finite flag).
-    nan = np.isnan(lowest) | np.isnan(highest)
-    low[nan], high[nan] = 0, 0
-    return boundaries, low, high
+_BUCKET_INDEXES: dict = {}
+
+
+def _bucket_index(boundaries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Ascending float32 boundaries (with +inf after them), and for each value of a float32's top
+    16 bits the range [low, high] that holds the count of boundaries <= any float with those bits;
+    and the shift that takes a float's bits to its key. Built by a C sweep (a fraction of a
+    millisecond); the last few are kept (u8bit's boundaries never change)."""
+    cache_key = np.asarray(boundaries, np.float32).tobytes()
+    if cache_key in _BUCKET_INDEXES:
+        return _BUCKET_INDEXES[cache_key]
+    shift = 16
+    # One slot past the end, so that reading boundaries[high] is always in bounds.
+    table = np.append(np.asarray(boundaries, np.float32), np.float32(np.inf))
+    low, high = np.empty(1 << 16, np.int32), np.empty(1 << 16, np.int32)
+    _require().grace_bucket_index(table.ctypes.data, len(table) - 1, shift, low.ctypes.data,
+                                  high.ctypes.data)
+    if len(_BUCKET_INDEXES) >= 8:
+        _BUCKET_INDEXES.pop(next(iter(_BUCKET_INDEXES)))
+    _BUCKET_INDEXES[cache_key] = (table, low, high, shift)
+    return table, low, high, shift
 
 
 def indices_at_least(x: np.ndarray, threshold: float, dtype=np.int64) -> np.ndarray:
@@ -429,11 +441,11 @@ def magnitude_buckets(x: np.ndarray, divisor: np.ndarray, boundaries: np.ndarray
     """For float32 ``x``: how many ``boundaries`` are <= ``|x| / divisor``, plus 128 where x < 0."""
     lib = _require()
     n = x.size
-    table, low, high = _bucket_index(boundaries)
+    table, low, high, shift = _bucket_index(boundaries)
     out = _empty(n, np.uint8)
     d = _value(divisor)
     _parallel(n, lambda _, start, count: lib.grace_magnitude_buckets(
-        x.ctypes.data, start, count, d, table.ctypes.data, low.ctypes.data, high.ctypes.data,
+        x.ctypes.data, start, count, d, table.ctypes.data, low.ctypes.data, high.ctypes.data, shift,
         out.ctypes.data))
     return out
 
@@ -443,13 +455,13 @@ def bucketize_sums(x: np.ndarray, boundaries: np.ndarray) -> tuple[np.ndarray, n
     as a byte, and per bucket the float64 sum and count of its elements."""
     lib = _require()
     n = x.size
-    table, low, high = _bucket_index(boundaries)
+    table, low, high, shift = _bucket_index(boundaries)
     ids = _empty(n, np.uint8)
     buckets = len(table)
     parts = len(_ranges(n))
     sums, counts = np.zeros((parts, buckets)), np.zeros((parts, buckets))
     _parallel(n, lambda index, start, count: lib.grace_bucketize_sums(
-        x.ctypes.data, start, count, table.ctypes.data, low.ctypes.data, high.ctypes.data, buckets,
+        x.ctypes.data, start, count, table.ctypes.data, low.ctypes.data, high.ctypes.data, shift, buckets,
         ids.ctypes.data, sums[index].ctypes.data, counts[index].ctypes.data))
     return ids, sums.sum(0), counts.sum(0)
 

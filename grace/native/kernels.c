@@ -314,14 +314,15 @@ void grace_natural_decode(const uint8_t *codes, const uint8_t *signs, int64_t st
     }
 }
 
-/* Counting the ascending boundaries <= v fast: a float's top 16 bits (sign, exponent, 7 bits of
- * mantissa) fix an interval of values, and the count for any v in it lies in [low[key], high[key]],
- * which the caller computed once per call. Most intervals hold no boundary or one, so one compare
- * finishes; a loop takes the rare wider interval, exactly. */
-static inline int32_t bucket_of(float v, const float *boundaries, const int32_t *low, const int32_t *high) {
+/* Counting the ascending boundaries <= v fast: a float's top bits (sign, exponent, a few bits of
+ * mantissa: the top 32 - shift bits) fix an interval of values, and the count for any v in it lies
+ * in [low[key], high[key]], which the caller computed once. Most intervals hold no boundary or one,
+ * so one compare decides; a loop takes the rare wider interval, exactly. */
+static inline int32_t bucket_of(float v, const float *boundaries, const int32_t *low, const int32_t *high,
+                                int shift) {
     uint32_t raw;
     memcpy(&raw, &v, sizeof raw);
-    uint32_t key = raw >> 16;
+    uint32_t key = raw >> shift;
     int32_t index = low[key], end = high[key];
     if (__builtin_expect(end - index > 1, 0)) {
         while (index < end && boundaries[index] <= v) index++;
@@ -333,10 +334,10 @@ static inline int32_t bucket_of(float v, const float *boundaries, const int32_t 
 /* For each element, bucket_of(|x| / divisor), plus 128 where x < 0, as a byte. */
 void grace_magnitude_buckets(const float *x, int64_t start, int64_t n, float divisor,
                              const float *boundaries, const int32_t *low, const int32_t *high,
-                             uint8_t *out) {
+                             int shift, uint8_t *out) {
     for (int64_t i = start; i < start + n; i++) {
         float relative = fabsf(x[i]) / divisor;
-        int32_t index = bucket_of(relative, boundaries, low, high);
+        int32_t index = bucket_of(relative, boundaries, low, high, shift);
         out[i] = (uint8_t)(index + (x[i] < 0.0f ? 128 : 0));
     }
 }
@@ -345,13 +346,13 @@ void grace_magnitude_buckets(const float *x, int64_t start, int64_t n, float div
  * elements, added into sums and counts (of `buckets` each, at most 256). Four partial histograms,
  * element i into histogram i % 4, keep neighbours in one bucket from waiting on each other. */
 void grace_bucketize_sums(const float *x, int64_t start, int64_t n, const float *boundaries,
-                          const int32_t *low, const int32_t *high, int32_t buckets, uint8_t *ids,
+                          const int32_t *low, const int32_t *high, int shift, int32_t buckets, uint8_t *ids,
                           double *sums, double *counts) {
     double partial[4][256] = {{0}};
     int64_t tally[4][256] = {{0}};
     for (int64_t i = start; i < start + n; i++) {
         float v = x[i];
-        int32_t index = bucket_of(v, boundaries, low, high);
+        int32_t index = bucket_of(v, boundaries, low, high, shift);
         ids[i] = (uint8_t)index;
         partial[i & 3][index] += (double)v;
         tally[i & 3][index] += 1;
@@ -453,5 +454,38 @@ void grace_inceptionn_decode(const uint8_t *tags, int64_t start, int64_t n, cons
         else if (tag == 2) v = (float)medium[c2++] * error_bound;
         else if (tag == 3) v = large[c3++];
         out[i] = v;
+    }
+}
+
+static inline float float_of(uint32_t raw) {
+    float v;
+    memcpy(&v, &raw, sizeof v);
+    return v;
+}
+
+/* The index bucket_of reads, for `count` ascending boundaries and keys of 32 - shift bits: for each
+ * key, how many boundaries are <= the lowest and the highest float with those top bits (0 and 0 for
+ * NaN keys). The positive keys grow in value with the key and the negative ones shrink, so each half
+ * is one sweep with two pointers that only move forward. */
+void grace_bucket_index(const float *boundaries, int32_t count, int shift, int32_t *low, int32_t *high) {
+    uint32_t keys = 1U << (32 - shift), half = keys / 2, fill = (1U << shift) - 1U;
+    for (int side = 0; side < 2; side++) {
+        int32_t p_low = 0, p_high = 0;
+        for (uint32_t j = 0; j < half; j++) {
+            uint32_t key = side == 0 ? j : keys - 1 - j;
+            float a = float_of(key << shift), b = float_of((key << shift) | fill);
+            /* The extremes of the two ends, a NaN end left out (both NaN: a NaN key). */
+            if (a != a) a = b;
+            if (b != b) b = a;
+            float lowest = a < b ? a : b, highest = a < b ? b : a;
+            if (lowest != lowest) {
+                low[key] = high[key] = 0;
+                continue;
+            }
+            while (p_low < count && boundaries[p_low] <= lowest) p_low++;
+            while (p_high < count && boundaries[p_high] <= highest) p_high++;
+            low[key] = p_low;
+            high[key] = p_high;
+        }
     }
 }
