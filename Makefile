@@ -22,7 +22,8 @@ compare: setup
 
 # Compression cost against a plain copy, PowerSGD against PyTorch's hooks, the wrapper's overhead.
 bench: setup
-	$(PY) scripts/bench_compressors.py --powersgd --overhead --json out/bench.json --plot out/bench.png
+	mkdir -p out
+	bash -o pipefail -c '$(PY) scripts/bench_compressors.py --powersgd --overhead --json out/bench.json --plot out/bench.png | tee out/bench.md'
 
 lint: setup
 	.venv/bin/ruff check grace frameworks scripts tests
