@@ -12,7 +12,8 @@ Two side-by-side extras:
 
 - ``--powersgd``: grace's PowerSGD (rank 2), one compress + decompress round with error feedback,
   against PyTorch's own ``powerSGD_hook`` and ``batched_powerSGD_hook`` on the same ResNet-50
-  matrices, through a single-process Gloo group (no network on either side).
+  matrices; grace through a group of one worker, the hooks through a single-process Gloo group (no
+  network on either side).
 - ``--overhead``: 2 Horovod workers time a training step with ``grace.none()`` against Horovod's own
   ``DistributedOptimizer``, interleaved in one job.
 
@@ -252,12 +253,29 @@ class _Bucket:
         return True
 
 
+class _Solo:
+    """The collectives of a group of one worker, as cheap as PyTorch's single-process Gloo group
+    is for the hook: an allreduce or broadcast returns the tensor, an allgather its flat view."""
+
+    size, rank = 1, 0
+
+    def allreduce_async(self, tensor, name):
+        return tensor
+
+    def broadcast_async(self, tensor, root, name):
+        return tensor
+
+    def allgather_async(self, tensor, name):
+        return tensor.reshape(-1)
+
+    def synchronize(self, handle):
+        return handle
+
+
 def bench_powersgd(args) -> list[dict]:
     import torch
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as hooks
-
-    from grace.backends.numpy_collectives import InProcessGroup
 
     shapes = [s for _, s in workloads.resnet50_shapes()]
     torch.manual_seed(0)
@@ -283,7 +301,7 @@ def bench_powersgd(args) -> list[dict]:
         return once
 
     pipeline = grace.powersgd(rank=2, min_numel=0)
-    group = InProcessGroup(1).worker(0)
+    group = _Solo()
 
     ops = ops_for(grads[0])
     # Tensors the pipeline leaves dense only travel (both sides allreduce them): no work to time.

@@ -98,11 +98,12 @@ def _declare(lib: ctypes.CDLL) -> None:
         "grace_count_above": [ptr, i64, i64, f32],
         "grace_select_above": [ptr, i64, i64, f32, ptr, ctypes.c_int],
         "grace_scatter_add": [ptr, ptr, ctypes.c_int, ptr, i64],
-        "grace_two_sided": [ptr, i64, i64, f32, f32, ptr, ptr, ptr, ptr],
+        "grace_two_sided": [ptr, i64, i64, f32, f32, ptr, ptr, ptr],
         "grace_inceptionn_encode": [ptr, i64, i64, f32, ptr, ptr, ptr, ptr, ptr],
         "grace_count_tags": [ptr, i64, i64, ptr],
         "grace_bucket_index": [ptr, ctypes.c_int32, ctypes.c_int, ptr, ptr],
-        "grace_inceptionn_decode": [ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, f32, ptr],
+        "grace_inceptionn_decode": [ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, f32,
+                                    ptr],
         "grace_natural_encode": [ptr, i64, i64, u32, u32, ptr, ptr],
         "grace_natural_decode": [ptr, ptr, i64, i64, ptr],
         "grace_magnitude_buckets": [ptr, i64, i64, f32, ptr, ptr, ptr, ctypes.c_int, ptr],
@@ -357,20 +358,20 @@ def two_sided(x: np.ndarray, top: np.ndarray, bottom: np.ndarray):
     ranges = _ranges(n)
     counts = np.zeros((len(ranges), 2), np.int64)
     _parallel(n, lambda index, start, size: lib.grace_two_sided(
-        address, start, size, t, b, None, None, None, counts[index].ctypes.data))
+        address, start, size, t, b, None, None, counts[index].ctypes.data))
     offsets = np.zeros((len(ranges), 2), np.int64)
     offsets[1:] = np.cumsum(counts + 1, axis=0)[:-1]
     total = counts.sum(0) + len(ranges)
     high, low = _empty(int(total[0]), np.int64), _empty(int(total[1]), np.int64)
-    sums = np.zeros((len(ranges), 2))
     scratch = np.zeros((len(ranges), 2), np.int64)
     _parallel(n, lambda index, start, size: lib.grace_two_sided(
         address, start, size, t, b, high.ctypes.data + 8 * int(offsets[index, 0]),
-        low.ctypes.data + 8 * int(offsets[index, 1]), sums[index].ctypes.data,
-        scratch[index].ctypes.data))
+        low.ctypes.data + 8 * int(offsets[index, 1]), scratch[index].ctypes.data))
     pick = [np.concatenate([out[o:o + c] for o, c in zip(offsets[:, j], counts[:, j])])
             for j, out in enumerate((high, low))]
-    return pick[0], pick[1], sums.sum(0), counts.sum(0).astype(np.float64)
+    # The sums run over the few selected elements only, in index order.
+    sums = np.array([x[i].sum(dtype=np.float64) for i in pick])
+    return pick[0], pick[1], sums, counts.sum(0).astype(np.float64)
 
 
 def inceptionn_encode(x: np.ndarray, inverse: np.ndarray):
@@ -410,7 +411,7 @@ def inceptionn_decode(tags: np.ndarray, small: np.ndarray, medium: np.ndarray, l
     bound = _value(error_bound)
     _parallel(n, lambda index, start, size: lib.grace_inceptionn_decode(
         tags.ctypes.data, start, size, small.ctypes.data, medium.ctypes.data, large.ctypes.data,
-        *(int(o) for o in offsets[index]), bound, out.ctypes.data))
+        small.size, medium.size, large.size, *(int(o) for o in offsets[index]), bound, out.ctypes.data))
     return out
 
 

@@ -365,31 +365,28 @@ void grace_bucketize_sums(const float *x, int64_t start, int64_t n, const float 
 
 /* AdaQ's selection (grace/compressors/adaq.py) over [start, start + n): the elements with
  * x >= top and x > 0, and those with x <= bottom and x < 0. With out_high/out_low NULL it only
- * counts them (into counts[0], counts[1]); else it also writes their indices (int64, each list with
- * a slot of slack) and adds their float64 sums into sums[0], sums[1]. */
+ * counts them (into counts[0], counts[1]); else it writes their indices (int64, each list with a
+ * slot of slack), branch-free. */
 void grace_two_sided(const float *x, int64_t start, int64_t n, float top, float bottom, int64_t *out_high,
-                     int64_t *out_low, double *sums, int64_t *counts) {
+                     int64_t *out_low, int64_t *counts) {
     int64_t high = 0, low = 0;
-    double sum_high = 0.0, sum_low = 0.0;
-    for (int64_t i = start; i < start + n; i++) {
-        float v = x[i];
-        int up = (v >= top) & (v > 0.0f);
-        int down = (v <= bottom) & (v < 0.0f);
-        if (out_high) {
+    if (out_high) {
+        for (int64_t i = start; i < start + n; i++) {
+            float v = x[i];
             out_high[high] = i;
             out_low[low] = i;
-            sum_high += up ? (double)v : 0.0;
-            sum_low += down ? (double)v : 0.0;
+            high += (v >= top) & (v > 0.0f);
+            low += (v <= bottom) & (v < 0.0f);
         }
-        high += up;
-        low += down;
+    } else {
+        for (int64_t i = start; i < start + n; i++) {
+            float v = x[i];
+            high += (v >= top) & (v > 0.0f);
+            low += (v <= bottom) & (v < 0.0f);
+        }
     }
     counts[0] = high;
     counts[1] = low;
-    if (sums) {
-        sums[0] += sum_high;
-        sums[1] += sum_low;
-    }
 }
 
 /* INCEPTIONN (grace/compressors/inceptionn.py): steps = rint(x * inverse); a 2-bit tag per element,
@@ -432,28 +429,60 @@ void grace_inceptionn_encode(const float *x, int64_t start, int64_t n, float inv
     counts[2] = c3;
 }
 
-/* How many of the 2-bit tags of elements [start, start + n) are 1, 2 and 3 (start a multiple of 4). */
+/* How many of the 2-bit tags of elements [start, start + n) are 1, 2 and 3 (start a multiple of 4):
+ * whole bytes through a table of each byte's counts, four running sums per class. */
 void grace_count_tags(const uint8_t *tags, int64_t start, int64_t n, int64_t *counts) {
-    int64_t c[4] = {0};
-    for (int64_t i = start; i < start + n; i++) c[(tags[i / 4] >> (2 * (i % 4))) & 3]++;
-    counts[0] = c[1];
-    counts[1] = c[2];
-    counts[2] = c[3];
+    uint8_t table[256][4];
+    for (int b = 0; b < 256; b++) {
+        table[b][0] = table[b][1] = table[b][2] = table[b][3] = 0;
+        for (int j = 0; j < 4; j++) table[b][(b >> (2 * j)) & 3]++;
+    }
+    int64_t c1 = 0, c2 = 0, c3 = 0;
+    int64_t first = start / 4, whole = n / 4;
+    for (int64_t b = first; b < first + whole; b++) {
+        const uint8_t *t = table[tags[b]];
+        c1 += t[1];
+        c2 += t[2];
+        c3 += t[3];
+    }
+    for (int64_t i = start + whole * 4; i < start + n; i++) {
+        int tag = (tags[i / 4] >> (2 * (i % 4))) & 3;
+        c1 += tag == 1;
+        c2 += tag == 2;
+        c3 += tag == 3;
+    }
+    counts[0] = c1;
+    counts[1] = c2;
+    counts[2] = c3;
 }
 
 /* The inverse, for elements [start, start + n), whose first members of each class are small[c1],
- * medium[c2], large[c3]: each element's value from its tag and the next member of its class (steps
- * times error_bound, or the float itself). */
+ * medium[c2], large[c3] (of n1, n2, n3 members): each element's value from its tag and the next
+ * member of its class (steps times error_bound, or the float itself). Branch-free: all three next
+ * members are read (at the last one where a class is used up; a class with none is read from a
+ * zero), and the tag picks. */
 void grace_inceptionn_decode(const uint8_t *tags, int64_t start, int64_t n, const int8_t *small,
-                             const int16_t *medium, const float *large, int64_t c1, int64_t c2,
-                             int64_t c3, float error_bound, float *out) {
+                             const int16_t *medium, const float *large, int64_t n1, int64_t n2,
+                             int64_t n3, int64_t c1, int64_t c2, int64_t c3, float error_bound,
+                             float *out) {
+    static const int8_t no_small = 0;
+    static const int16_t no_medium = 0;
+    static const float no_large = 0.0f;
+    if (n1 == 0) small = &no_small, n1 = 1;
+    if (n2 == 0) medium = &no_medium, n2 = 1;
+    if (n3 == 0) large = &no_large, n3 = 1;
     for (int64_t i = start; i < start + n; i++) {
         int tag = (tags[i / 4] >> (2 * (i % 4))) & 3;
-        float v = 0.0f;
-        if (tag == 1) v = (float)small[c1++] * error_bound;
-        else if (tag == 2) v = (float)medium[c2++] * error_bound;
-        else if (tag == 3) v = large[c3++];
+        float s = (float)small[c1 < n1 ? c1 : n1 - 1] * error_bound;
+        float m = (float)medium[c2 < n2 ? c2 : n2 - 1] * error_bound;
+        float l = large[c3 < n3 ? c3 : n3 - 1];
+        float v = tag == 1 ? s : 0.0f;
+        v = tag == 2 ? m : v;
+        v = tag == 3 ? l : v;
         out[i] = v;
+        c1 += tag == 1;
+        c2 += tag == 2;
+        c3 += tag == 3;
     }
 }
 
