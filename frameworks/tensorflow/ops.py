@@ -14,6 +14,11 @@ from grace.ops import Ops, draw_indices, draw_uniform, index_dtype
 
 SAMPLED_TOPK_MIN = 1 << 18  # as in frameworks/torch/ops.py
 
+NATIVE_MIN = 1 << 18
+"""From this many elements the TensorFlow adapter runs grace/native's loops. A
+``tf.numpy_function`` call costs tens of microseconds, which TensorFlow's own kernels beat on
+smaller tensors."""
+
 # Build (or load) grace/native now: a first use inside a traced function would have AutoGraph try
 # to convert the build's file-system calls.
 native.available()
@@ -47,7 +52,7 @@ def _native(*tensors) -> bool:
     """Whether grace/native's loops can take these tensors (float32, a static size large enough
     to be worth a call, the library built). They run in ``tf.numpy_function``, on host memory."""
     n = tensors[0].shape.num_elements()
-    return (n is not None and n >= native.MIN_NUMEL and all(t.dtype == tf.float32 for t in tensors)
+    return (n is not None and n >= NATIVE_MIN and all(t.dtype == tf.float32 for t in tensors)
             and native.available())
 
 
@@ -139,7 +144,7 @@ class TensorFlowOps(Ops):
         return tf.gather(x, indices)
 
     def scatter_add(self, n, indices, values):
-        if n >= native.MIN_NUMEL and values.dtype == tf.float32 and native.available():
+        if n >= NATIVE_MIN and values.dtype == tf.float32 and native.available():
             return _host(lambda i, v: native.scatter_add(n, i, v), [indices, values], tf.float32, [n])
         return tf.math.unsorted_segment_sum(values, indices, n)
 
@@ -253,7 +258,7 @@ class TensorFlowOps(Ops):
         return tf.reduce_sum(tf.reshape(planes, [n, bits]) * weights, axis=1)
 
     def unpack_values(self, packed, bits, n, values):
-        if n >= native.MIN_NUMEL and bits <= native.MAX_BITS and values.dtype == tf.float32 \
+        if n >= NATIVE_MIN and bits <= native.MAX_BITS and values.dtype == tf.float32 \
                 and native.available():
             def run(p, v):
                 out = native.empty(n, np.float32)
@@ -385,7 +390,7 @@ class TensorFlowOps(Ops):
         first = inputs[0]
         # Where the first input's size is known only at run time, the output's (``n``) decides.
         n = params.get("n", first.shape.num_elements())
-        if not (n is not None and n >= native.MIN_NUMEL and first.dtype in (tf.float32, tf.uint8)
+        if not (n is not None and n >= NATIVE_MIN and first.dtype in (tf.float32, tf.uint8)
                 and native.available()):
             return None
         specs = native.FUSED[kernel][1](*[tuple(t.shape.as_list()) for t in inputs], **params)
