@@ -230,3 +230,14 @@ def test_the_bucket_index_bounds_every_count(kind):
     expected_high = np.where(nan, 0, np.searchsorted(boundaries, highest, side="right"))
     np.testing.assert_array_equal(low, expected_low)
     np.testing.assert_array_equal(high, expected_high)
+
+
+def test_scatter_add_adds_repeats_and_refuses_indices_out_of_range():
+    n = native.MIN_NUMEL + 3
+    indices = torch.tensor([5, 7, 5, n - 1], dtype=torch.int32)
+    values = torch.tensor([1.0, 2.0, 0.5, 4.0])
+    out = TORCH.scatter_add(n, indices, values)
+    expected = torch.zeros(n).index_add_(0, indices, values)
+    assert torch.equal(out, expected)
+    with pytest.raises(IndexError, match=f"index {n} is out of range for {n} elements"):
+        TORCH.scatter_add(n, torch.tensor([1, n], dtype=torch.int64), torch.ones(2))

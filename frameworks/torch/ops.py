@@ -28,7 +28,7 @@ def _sampled_topk(x: torch.Tensor, k: int) -> torch.Tensor | None:
         if not bool(threshold > 0):
             return None
         if _native(x):
-            candidates = torch.from_numpy(native.indices_at_least(x.numpy(), float(threshold)))
+            candidates = torch.from_numpy(native.indices_at_least(x.detach().numpy(), float(threshold)))
         else:
             mask = torch.ge(x, threshold)
             mask |= torch.le(x, -threshold)
@@ -144,7 +144,7 @@ class TorchOps(Ops):
         if (n >= native.MIN_NUMEL and values.device.type == "cpu" and values.dtype == torch.float32
                 and native.available()):
             # Zeros from fresh pages (no pass to clear them), then one loop over the values.
-            return torch.from_numpy(native.scatter_add(n, indices.numpy(), values.numpy()))
+            return torch.from_numpy(native.scatter_add(n, indices.numpy(), values.detach().numpy()))
         out = torch.zeros(n, dtype=values.dtype, device=values.device)
         return out.index_add_(0, indices, values)
 
@@ -335,14 +335,14 @@ class TorchOps(Ops):
 
     def count_at_least(self, x, threshold):
         if _native(x):
-            return native.count_at_least(x.numpy(), float(threshold))
+            return native.count_at_least(x.detach().numpy(), float(threshold))
         return int(torch.count_nonzero(x.abs() >= threshold))
 
     def indices_at_least(self, x, threshold):
         if not _native(x):
             return super().indices_at_least(x, threshold)
         dtype = index_dtype(x.numel())
-        return torch.from_numpy(native.indices_at_least(x.numpy(), float(threshold), dtype))
+        return torch.from_numpy(native.indices_at_least(x.detach().numpy(), float(threshold), dtype))
 
     def fused(self, kernel, *inputs, seed=None, **params):
         first = inputs[0]

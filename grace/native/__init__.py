@@ -97,7 +97,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "grace_scaled_sum": [ptr, f32, ptr, f32, i64, i64, ptr],
         "grace_count_above": [ptr, i64, i64, f32],
         "grace_select_above": [ptr, i64, i64, f32, ptr, ctypes.c_int],
-        "grace_scatter_add": [ptr, ptr, ctypes.c_int, ptr, i64],
+        "grace_scatter_add": [ptr, i64, ptr, ctypes.c_int, ptr, i64],
         "grace_two_sided": [ptr, i64, i64, f32, f32, ptr, ptr, ptr],
         "grace_inceptionn_encode": [ptr, i64, i64, f32, ptr, ptr, ptr, ptr, ptr],
         "grace_count_tags": [ptr, i64, i64, ptr],
@@ -113,7 +113,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
-        fn.restype = ctypes.c_int64 if name == "grace_count_above" else None
+        fn.restype = ctypes.c_int64 if name in ("grace_count_above", "grace_scatter_add") else None
 
 
 def library() -> ctypes.CDLL | None:
@@ -343,9 +343,13 @@ def scatter_add(n: int, indices: np.ndarray, values: np.ndarray) -> np.ndarray:
     """A float32 array of ``n`` zeros with ``values`` added at ``indices`` (int32 or int64)."""
     lib = _require()
     indices, values = np.ascontiguousarray(indices), np.ascontiguousarray(values, np.float32)
+    if indices.size != values.size:
+        raise ValueError(f"scatter_add: {indices.size} indices for {values.size} values")
     out = zeros(n, np.float32)
-    lib.grace_scatter_add(out.ctypes.data, indices.ctypes.data, int(indices.dtype == np.int64),
-                          values.ctypes.data, values.size)
+    bad = lib.grace_scatter_add(out.ctypes.data, n, indices.ctypes.data,
+                                int(indices.dtype == np.int64), values.ctypes.data, values.size)
+    if bad >= 0:
+        raise IndexError(f"scatter_add: index {int(indices[bad])} is out of range for {n} elements")
     return out
 
 

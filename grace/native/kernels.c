@@ -256,15 +256,24 @@ void grace_select_above(const float *x, int64_t start, int64_t n, float threshol
     }
 }
 
-/* out[indices[j]] += values[j] for j < k (indices int32, or int64 where wide); repeats add up. */
-void grace_scatter_add(float *out, const void *indices, int wide, const float *values, int64_t k) {
+/* out[indices[j]] += values[j] for j < k (indices int32, or int64 where wide); repeats add up. An
+ * index outside [0, n) stops the loop: the return value is its position j, or -1 when all fit. */
+int64_t grace_scatter_add(float *out, int64_t n, const void *indices, int wide, const float *values,
+                          int64_t k) {
     if (wide) {
         const int64_t *idx = indices;
-        for (int64_t j = 0; j < k; j++) out[idx[j]] += values[j];
+        for (int64_t j = 0; j < k; j++) {
+            if (idx[j] < 0 || idx[j] >= n) return j;
+            out[idx[j]] += values[j];
+        }
     } else {
         const int32_t *idx = indices;
-        for (int64_t j = 0; j < k; j++) out[idx[j]] += values[j];
+        for (int64_t j = 0; j < k; j++) {
+            if (idx[j] < 0 || idx[j] >= n) return j;
+            out[idx[j]] += values[j];
+        }
     }
+    return -1;
 }
 
 /* Natural compression: |x| rounded at random to a power of two around it (grace/compressors/
