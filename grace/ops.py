@@ -21,6 +21,8 @@ Tensor = Any
 """A framework tensor (numpy array, torch.Tensor, tf.Tensor): opaque to algorithm code."""
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+MAX_FUSED_BITS = 8
+"""grace/native's loops handle codes of up to this many bits (``grace.native.MAX_BITS``)."""
 INT32_MAX = 2**31 - 1
 
 
@@ -247,18 +249,34 @@ class Ops(ABC):
     def unpack_values(self, packed: Tensor, bits: int, n: int, values: Tensor) -> Tensor:
         """``values[code]`` for each of the ``n`` codes ``pack_bits`` packed: decoding by a table of
         the ``2**bits`` possible values, computed once per tensor instead of once per element."""
+        fast = self._fused_unpack_values(packed, bits, n, values)
+        if fast is not None:
+            return fast
         return self.gather(values, self.cast(self.unpack_bits(packed, bits, n), "int32"))
+
+    def _fused_unpack_values(self, packed: Tensor, bits: int, n: int, values: Tensor) -> Tensor | None:
+        """``unpack_values`` by grace/native's loop where this adapter runs it (an adapter with a
+        table path of its own tries this first), else ``None``."""
+        if bits > MAX_FUSED_BITS or self.dtype(values) != "float32":
+            return None
+        fast = self.fused("unpack_values", packed, values, bits=bits, n=n)
+        return None if fast is None else fast[0]
 
     # --- fused steps ---------------------------------------------------------------------------
     # Steps that the composite code below does in several passes over a gradient, each with a
-    # full-size temporary. An adapter may do one in a single pass (grace/native, on the CPU) but
-    # must give the same bits; tests/test_native.py holds them to that.
+    # full-size temporary. Each first asks ``fused`` for grace/native's single-pass loop (on the
+    # CPU), which gives the same bits; tests/test_native.py holds them to that.
 
     def quantize_levels(self, x: Tensor, divisor: Tensor, levels: int, bits: int,
                         seed_of: Callable[[Any], int], step: Any) -> Tensor:
         """Stochastic rounding of ``|x| / divisor * levels`` to an integer ``q`` (up with probability
         equal to the fraction, by ``random_uniform(seed_of, step)``), sent as the sign-magnitude code
         ``2 q + (x < 0)`` of ``bits`` bits, packed. ``divisor``: a positive 1-element tensor."""
+        if bits <= MAX_FUSED_BITS:
+            fast = self.fused("quantize_levels", x, divisor, seed=(seed_of, step), levels=levels,
+                              bits=bits)
+            if fast is not None:
+                return fast[0]
         dtype = self.dtype(x)
         level = self.scale(self.div(self.abs(x), divisor), float(levels))
         low = self.floor(level)
@@ -270,11 +288,17 @@ class Ops(ABC):
 
     def sign_bits(self, x: Tensor) -> Tensor:
         """One bit per element, 1 where ``x >= 0``, packed."""
+        fast = self.fused("sign_bits", x)
+        if fast is not None:
+            return fast[0]
         return self.pack_bits(self.greater_equal(x, 0.0), 1)
 
     def sign_bits_with_sums(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``sign_bits(x)``, and ``[count of x >= 0, sum of x >= 0, sum of x < 0]`` in ``x``'s dtype,
         each summed in float64 and rounded once (as ``sum``)."""
+        fast = self.fused("sign_bits_with_sums", x)
+        if fast is not None:
+            return fast[0], self.cast(fast[1], self.dtype(x))
         nonnegative = self.greater_equal(x, 0.0)
         zero = self.zeros(1, self.dtype(x), like=x)  # broadcast by where: no tensor of zeros
         sums = self.concat([self.sum(self.cast(nonnegative, self.dtype(x))),
@@ -309,6 +333,11 @@ class Ops(ABC):
     def scaled_sum(self, a: Tensor | None, alpha: float, b: Tensor, beta: float) -> Tensor:
         """``a * alpha + b * beta`` (``b * beta`` where ``a`` is None), each product rounded to the
         dtype as ``scale`` does, then the sum."""
+        inputs = [b] if a is None else [a, b]
+        if all(self.dtype(t) == "float32" for t in inputs):
+            fast = self.fused("scaled_sum", *inputs, alpha=alpha, beta=beta)
+            if fast is not None:
+                return fast[0]
         right = self.scale(b, beta)
         return right if a is None else self.add(self.scale(a, alpha), right)
 
@@ -460,14 +489,10 @@ def reference_uniform(n: int, seed: int):
 def draw_uniform(n: int, seed: int):
     """``n`` float32 draws from [0, 1) for ``seed`` as a numpy array: grace/native's loop where it
     is built, else numpy; the same numbers either way."""
-    import numpy as np
-
     from grace import native
 
     if n >= native.MIN_NUMEL and native.available():
-        out = np.empty(n, np.float32)
-        native.uniform(out.ctypes.data, n, seed)
-        return out
+        return native.uniform(n, seed)
     return reference_uniform(n, seed)
 
 

@@ -60,7 +60,8 @@ def _host(fn, inputs, dtypes, shapes):
     """``fn`` over the inputs as numpy arrays, in the graph (``tf.numpy_function``)."""
     outputs = tf.numpy_function(fn, inputs, dtypes, stateful=False)
     single = not isinstance(dtypes, (list, tuple))
-    outputs = [outputs] if single else outputs
+    # Run eagerly, a list of one dtype gives back one tensor, not a list of one.
+    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
     for out, shape in zip(outputs, [shapes] if single else shapes):
         out.set_shape(shape)
     return outputs[0] if single else outputs
@@ -258,15 +259,9 @@ class TensorFlowOps(Ops):
         return tf.reduce_sum(tf.reshape(planes, [n, bits]) * weights, axis=1)
 
     def unpack_values(self, packed, bits, n, values):
-        if n >= NATIVE_MIN and bits <= native.MAX_BITS and values.dtype == tf.float32 \
-                and native.available():
-            def run(p, v):
-                out = native.empty(n, np.float32)
-                p, v = np.ascontiguousarray(p), np.ascontiguousarray(v)
-                native.unpack_values(p.ctypes.data, bits, n, v.ctypes.data, out.ctypes.data)
-                return out
-
-            return _host(run, [packed, values], tf.float32, [n])
+        fast = self._fused_unpack_values(packed, bits, n, values)
+        if fast is not None:
+            return fast
         if 8 % bits != 0:
             return super().unpack_values(packed, bits, n, values)
         table = tf.gather(values, tf.cast(_unpack_table(bits), tf.int32))
@@ -274,13 +269,7 @@ class TensorFlowOps(Ops):
 
     # --- grace/native's fused loops, on the host ---------------------------------------------------
     def _sums(self, x):
-        n = x.shape.num_elements()
-
-        def run(a):
-            a = np.ascontiguousarray(a)
-            return np.array(native.sums(a.ctypes.data, n), np.float64)
-
-        return _host(run, [x], tf.float64, [3])
+        return _host(lambda a: np.array(native.sums(a), np.float64), [x], tf.float64, [3])
 
     def sum(self, x):
         if _native(x):
@@ -296,62 +285,6 @@ class TensorFlowOps(Ops):
         if _native(x):
             return tf.reshape(tf.cast(self._sums(x)[2], x.dtype), [1])
         return super().max_abs(x)
-
-    def quantize_levels(self, x, divisor, levels, bits, seed_of, step):
-        if bits > native.MAX_BITS or not _native(x):
-            return super().quantize_levels(x, divisor, levels, bits, seed_of, step)
-        n = x.shape.num_elements()
-        size = (n * bits + 7) // 8
-
-        def run(a, d, s):
-            out = np.empty(size, np.uint8)
-            a = np.ascontiguousarray(a)
-            native.quantize_levels(a.ctypes.data, n, float(np.reshape(d, -1)[0]), float(levels),
-                                   seed_of(int(s)), bits, out.ctypes.data)
-            return out
-
-        return _host(run, [x, divisor, tf.cast(step, tf.int64)], tf.uint8, [size])
-
-    def sign_bits(self, x):
-        if not _native(x):
-            return super().sign_bits(x)
-        n = x.shape.num_elements()
-
-        def run(a):
-            out = np.empty((n + 7) // 8, np.uint8)
-            a = np.ascontiguousarray(a)
-            native.sign_bits(a.ctypes.data, n, out.ctypes.data)
-            return out
-
-        return _host(run, [x], tf.uint8, [(n + 7) // 8])
-
-    def sign_bits_with_sums(self, x):
-        if not _native(x):
-            return super().sign_bits_with_sums(x)
-        n = x.shape.num_elements()
-
-        def run(a):
-            out = np.empty((n + 7) // 8, np.uint8)
-            a = np.ascontiguousarray(a)
-            sums = native.sign_bits(a.ctypes.data, n, out.ctypes.data, stats=True)
-            return out, np.array(sums, np.float64)
-
-        bits, sums = _host(run, [x], [tf.uint8, tf.float64], [[(n + 7) // 8], [3]])
-        return bits, tf.cast(sums, x.dtype)
-
-    def scaled_sum(self, a, alpha, b, beta):
-        if not (_native(b) and (a is None or _native(a))):
-            return super().scaled_sum(a, alpha, b, beta)
-        n = b.shape.num_elements()
-
-        def run(*arrays):
-            arrays = [np.ascontiguousarray(v) for v in arrays]
-            out = native.empty(n, np.float32)
-            first = None if a is None else arrays[0].ctypes.data
-            native.scaled_sum(first, alpha, arrays[-1].ctypes.data, beta, n, out.ctypes.data)
-            return out
-
-        return _host(run, [b] if a is None else [a, b], tf.float32, [n])
 
     def order_statistics(self, x, ranks):
         m = x.shape.num_elements()

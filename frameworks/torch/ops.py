@@ -204,7 +204,7 @@ class TorchOps(Ops):
 
     def sum(self, x):
         if _native(x):
-            return _scalar(native.sums(x.data_ptr(), x.numel())[0], x.dtype)
+            return _scalar(native.sums(x.detach().numpy())[0], x.dtype)
         if x.is_floating_point():
             if x.numel() > WIDE_CHUNK:
                 total = sum(part.sum(dtype=torch.float64) for part in x.reshape(-1).split(WIDE_CHUNK))
@@ -214,7 +214,7 @@ class TorchOps(Ops):
 
     def norm(self, x):
         if _native(x):
-            return _scalar(math.sqrt(native.sums(x.data_ptr(), x.numel())[1]), x.dtype)
+            return _scalar(math.sqrt(native.sums(x.detach().numpy())[1]), x.dtype)
         if x.numel() <= WIDE_CHUNK:
             return super().norm(x)
         total = 0.0
@@ -231,7 +231,7 @@ class TorchOps(Ops):
             return torch.zeros(1, dtype=torch.float32, device=x.device)
         if _native(x):
             # A float64 sum of float32 values cannot overflow: it is finite exactly when they are.
-            total = native.sums(x.data_ptr(), x.numel())[0]
+            total = native.sums(x.detach().numpy())[0]
             return torch.tensor([0.0 if math.isfinite(total) else 1.0], dtype=torch.float32)
         # The extremes are not finite exactly when some element is not (NaN propagates through
         # min and max): one reduction, no tensor of booleans.
@@ -275,57 +275,22 @@ class TorchOps(Ops):
         return (planes.reshape(n, bits) * weights).sum(1, dtype=torch.int32)
 
     def unpack_values(self, packed, bits, n, values):
-        if (n >= native.MIN_NUMEL and bits <= native.MAX_BITS and packed.device.type == "cpu"
-                and values.device.type == "cpu" and values.dtype == torch.float32
-                and native.available()):
-            table = values.contiguous()
-            out = torch.empty(n, dtype=torch.float32)
-            native.unpack_values(packed.contiguous().data_ptr(), bits, n, table.data_ptr(),
-                                 out.data_ptr())
-            return out
+        fast = self._fused_unpack_values(packed, bits, n, values)
+        if fast is not None:
+            return fast
         if 8 % bits != 0:
             return super().unpack_values(packed, bits, n, values)
         # A table from each byte value to the values of its codes: the output is written once.
         table = values[_unpack_table(bits, packed.device).to(torch.int64)]
         return table[packed.to(torch.int64)].reshape(-1)[:n]
 
-    def quantize_levels(self, x, divisor, levels, bits, seed_of, step):
-        if bits <= native.MAX_BITS and _native(x):
-            out = torch.empty((x.numel() * bits + 7) // 8, dtype=torch.uint8)
-            native.quantize_levels(x.data_ptr(), x.numel(), float(divisor), float(levels),
-                                   seed_of(int(step)), bits, out.data_ptr())
-            return out
-        return super().quantize_levels(x, divisor, levels, bits, seed_of, step)
-
-    def sign_bits(self, x):
-        if _native(x):
-            out = torch.empty((x.numel() + 7) // 8, dtype=torch.uint8)
-            native.sign_bits(x.data_ptr(), x.numel(), out.data_ptr())
-            return out
-        return super().sign_bits(x)
-
-    def sign_bits_with_sums(self, x):
-        if _native(x):
-            out = torch.empty((x.numel() + 7) // 8, dtype=torch.uint8)
-            sums = native.sign_bits(x.data_ptr(), x.numel(), out.data_ptr(), stats=True)
-            return out, torch.tensor(sums, dtype=torch.float64).to(x.dtype)
-        return super().sign_bits_with_sums(x)
-
     def max_abs(self, x):
         if x.numel() == 0:
             return torch.zeros(1, dtype=x.dtype, device=x.device)
         if _native(x):
-            return _scalar(native.sums(x.data_ptr(), x.numel())[2], x.dtype)
+            return _scalar(native.sums(x.detach().numpy())[2], x.dtype)
         # The infinity norm is the largest magnitude, without a tensor of magnitudes.
         return torch.linalg.vector_norm(x, float("inf")).reshape(1)
-
-    def scaled_sum(self, a, alpha, b, beta):
-        if _native(b) and (a is None or _native(a)):
-            out = torch.empty_like(b)
-            native.scaled_sum(None if a is None else a.data_ptr(), alpha, b.data_ptr(), beta,
-                              b.numel(), out.data_ptr())
-            return out
-        return super().scaled_sum(a, alpha, b, beta)
 
     def order_statistics(self, x, ranks):
         if len(ranks) > 4:
@@ -357,9 +322,7 @@ class TorchOps(Ops):
     def random_uniform(self, n, seed_of, step, like):
         seed = seed_of(int(step))
         if like.device.type == "cpu" and n >= native.MIN_NUMEL and native.available():
-            out = torch.empty(n, dtype=torch.float32)
-            native.uniform(out.data_ptr(), n, seed)
-            return out
+            return torch.from_numpy(native.uniform(n, seed))
         if like.device.type != "cpu":
             # The same counter-based draws, computed where the tensor lives (no host transfer).
             index = torch.arange(n, dtype=torch.int64, device=like.device)

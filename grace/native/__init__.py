@@ -37,9 +37,6 @@ MIN_NUMEL = 1 << 12
 PARALLEL_NUMEL = 1 << 19
 """From this many elements a kernel's range is split between threads."""
 
-MAX_BITS = 8
-"""The kernels handle codes of up to this many bits."""
-
 _SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.c")
 _FLAGS = ["-O3", "-march=native", "-std=c11", "-ffp-contract=off", "-fno-math-errno",
           "-fno-trapping-math", "-fPIC",
@@ -208,62 +205,8 @@ def _require() -> ctypes.CDLL:
     return lib
 
 
-# --- the kernels, over raw addresses (ints) --------------------------------------------------------
-def uniform(out: int, n: int, seed: int) -> None:
-    lib = _require()
-    k0, k1 = split_key(seed)
-    _parallel(n, lambda _, start, count: lib.grace_uniform(k0, k1, start, count, out + 4 * start))
-
-
-def quantize_levels(x: int, n: int, divisor: float, levels: float, seed: int, bits: int,
-                    out: int) -> None:
-    lib = _require()
-    k0, k1 = split_key(seed)
-    _parallel(n, lambda _, start, count: lib.grace_quantize_levels(
-        x, start, count, divisor, levels, k0, k1, bits, out + start * bits // 8))
-
-
-def sign_bits(x: int, n: int, out: int, stats: bool = False) -> tuple[float, float, float] | None:
-    lib = _require()
-    partial = (ctypes.c_double * 3 * (threads() + 1))()
-
-    def call(index, start, count):
-        lib.grace_sign_bits(x, start, count, out + start // 8,
-                             ctypes.addressof(partial[index]) if stats else None)
-
-    used = _parallel(n, call)
-    if not stats:
-        return None
-    return tuple(sum(partial[i][j] for i in range(used)) for j in range(3))
-
-
-def unpack_values(packed: int, bits: int, n: int, values: int, out: int) -> None:
-    lib = _require()
-    _parallel(n, lambda _, start, count: lib.grace_unpack_values(packed, bits, start, count, values,
-                                                               out))
-
-
-def sums(x: int, n: int) -> tuple[float, float, float]:
-    """Float64 sum, float64 sum of squares, and the largest magnitude of float32 ``x``."""
-    lib = _require()
-    partial = (ctypes.c_double * 3 * (threads() + 1))()
-
-    def call(index, start, count):
-        lib.grace_sums(x, start, count, ctypes.addressof(partial[index]))
-
-    used = _parallel(n, call)
-    tops = [partial[i][2] for i in range(used)]
-    top = math.nan if any(math.isnan(t) for t in tops) else max(tops)
-    return sum(partial[i][0] for i in range(used)), sum(partial[i][1] for i in range(used)), top
-
-
-def scaled_sum(a: int | None, alpha: float, b: int, beta: float, n: int, out: int) -> None:
-    """``out = a * alpha + b * beta`` in float32 (``b * beta`` where ``a`` is None)."""
-    lib = _require()
-    _parallel(n, lambda _, start, count: lib.grace_scaled_sum(a, alpha, b, beta, start, count, out))
-
-
-# --- kernels over numpy arrays (host memory), shared by the torch and TensorFlow adapters ----------
+# --- the kernels, over numpy arrays (host memory), shared by the torch and TensorFlow adapters -----
+# Each allocates its outputs (on 64 bytes, see _empty) and returns them.
 def _empty(n: int, dtype, allocate=np.empty) -> np.ndarray:
     """An uninitialised array whose data starts on 64 bytes: TensorFlow adopts such an array as a
     tensor without copying it (it copies one that is not aligned for Eigen)."""
@@ -280,6 +223,83 @@ def empty(n: int, dtype) -> np.ndarray:
 def zeros(n: int, dtype) -> np.ndarray:
     """As ``empty``, holding zeros: fresh pages from the kernel, with no pass to clear them."""
     return _empty(n, dtype, np.zeros)
+
+
+def uniform(n: int, seed: int) -> np.ndarray:
+    """``n`` float32 draws from [0, 1): ``grace.ops.counter_uniform_bits`` for ``seed``."""
+    lib = _require()
+    k0, k1 = split_key(seed)
+    out = _empty(n, np.float32)
+    _parallel(n, lambda _, start, count: lib.grace_uniform(k0, k1, start, count,
+                                                           out.ctypes.data + 4 * start))
+    return out
+
+
+def quantize_levels(x: np.ndarray, divisor: np.ndarray, seed: int, levels: int,
+                    bits: int) -> np.ndarray:
+    """``Ops.quantize_levels`` for float32 ``x``: the packed sign-magnitude codes."""
+    lib = _require()
+    n = x.size
+    k0, k1 = split_key(seed)
+    d = _value(divisor)
+    out = _empty((n * bits + 7) // 8, np.uint8)
+    _parallel(n, lambda _, start, count: lib.grace_quantize_levels(
+        x.ctypes.data, start, count, d, float(levels), k0, k1, bits,
+        out.ctypes.data + start * bits // 8))
+    return out
+
+
+def _sign_bits(x: np.ndarray, with_sums: bool):
+    lib = _require()
+    n = x.size
+    out = _empty((n + 7) // 8, np.uint8)
+    partial = np.zeros((threads() + 1, 3))
+    used = _parallel(n, lambda index, start, count: lib.grace_sign_bits(
+        x.ctypes.data, start, count, out.ctypes.data + start // 8,
+        partial[index].ctypes.data if with_sums else None))
+    return (out, partial[:used].sum(0)) if with_sums else out
+
+
+def sign_bits(x: np.ndarray) -> np.ndarray:
+    """``Ops.sign_bits`` for float32 ``x``: 1 where x >= 0, packed."""
+    return _sign_bits(x, False)
+
+
+def sign_bits_with_sums(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``sign_bits(x)``, and the float64 count of x >= 0, sum of x >= 0 and sum of x < 0."""
+    return _sign_bits(x, True)
+
+
+def unpack_values(packed: np.ndarray, values: np.ndarray, bits: int, n: int) -> np.ndarray:
+    """``values[code]`` (float32 ``values``) for each of the ``n`` codes of ``bits`` bits packed."""
+    lib = _require()
+    out = _empty(n, np.float32)
+    _parallel(n, lambda _, start, count: lib.grace_unpack_values(
+        packed.ctypes.data, bits, start, count, values.ctypes.data, out.ctypes.data))
+    return out
+
+
+def sums(x: np.ndarray) -> tuple[float, float, float]:
+    """Float64 sum, float64 sum of squares, and the largest magnitude of float32 ``x``."""
+    lib = _require()
+    x = np.ascontiguousarray(x)
+    partial = np.zeros((threads() + 1, 3))
+    used = _parallel(x.size, lambda index, start, count: lib.grace_sums(
+        x.ctypes.data, start, count, partial[index].ctypes.data))
+    tops = partial[:used, 2]
+    top = math.nan if np.isnan(tops).any() else float(tops.max())
+    return float(partial[:used, 0].sum()), float(partial[:used, 1].sum()), top
+
+
+def scaled_sum(*arrays: np.ndarray, alpha: float, beta: float) -> np.ndarray:
+    """``a * alpha + b * beta`` in float32 for ``arrays`` = (a, b), or ``b * beta`` for (b,)."""
+    lib = _require()
+    b = arrays[-1]
+    a = arrays[0].ctypes.data if len(arrays) == 2 else None
+    out = _empty(b.size, np.float32)
+    _parallel(b.size, lambda _, start, count: lib.grace_scaled_sum(
+        a, alpha, b.ctypes.data, beta, start, count, out.ctypes.data))
+    return out
 
 
 _BUCKET_INDEXES: dict = {}
@@ -471,9 +491,15 @@ def bucketize_sums(x: np.ndarray, boundaries: np.ndarray) -> tuple[np.ndarray, n
     return ids, sums.sum(0), counts.sum(0)
 
 
-
 FUSED: dict[str, tuple[Callable, Callable]] = {
     # name: (the loop over numpy arrays, the outputs' (dtype, shape) from the inputs' shapes)
+    "quantize_levels": (quantize_levels, lambda x, divisor, levels, bits: [
+        ("uint8", ((x[0] * bits + 7) // 8,))]),
+    "sign_bits": (sign_bits, lambda x: [("uint8", ((x[0] + 7) // 8,))]),
+    "sign_bits_with_sums": (sign_bits_with_sums, lambda x: [
+        ("uint8", ((x[0] + 7) // 8,)), ("float64", (3,))]),
+    "unpack_values": (unpack_values, lambda packed, values, bits, n: [("float32", (n,))]),
+    "scaled_sum": (scaled_sum, lambda *shapes, alpha, beta: [("float32", shapes[-1])]),
     "natural_encode": (natural_encode, lambda x: [("uint8", x), ("uint8", ((x[0] + 7) // 8,))]),
     "natural_decode": (natural_decode, lambda codes, signs: [("float32", codes)]),
     "magnitude_buckets": (magnitude_buckets, lambda x, divisor, boundaries: [("uint8", x)]),
@@ -485,10 +511,10 @@ FUSED: dict[str, tuple[Callable, Callable]] = {
     "bucketize_sums": (bucketize_sums, lambda x, boundaries: [
         ("uint8", x), ("float64", (boundaries[0] + 1,)), ("float64", (boundaries[0] + 1,))]),
 }
-"""The algorithm-specific loops an adapter's ``Ops.fused`` may run: each takes numpy arrays (then
-the seed where it draws random numbers, and keyword parameters) and returns one array or a tuple of
-them; beside it, the outputs' dtypes and shapes (None: known when it runs) from the inputs' shapes
-and the parameters."""
+"""The loops ``Ops.fused`` may run, for the protocol's fused steps and for algorithms: each takes
+numpy arrays (then the seed where it draws random numbers, and keyword parameters) and returns one
+array or a tuple of them; beside it, the outputs' dtypes and shapes (None: known when it runs) from
+the inputs' shapes and the parameters."""
 
 
 def run_fused(kernel: str, arrays: list, seed: int | None = None, **params):

@@ -103,8 +103,7 @@ void grace_quantize_levels(const float *x, int64_t start, int64_t n, float divis
     for (int64_t b = 0; b < n; b += BLOCK) {
         int64_t m = n - b < BLOCK ? n - b : BLOCK;
         const float *p = x + start + b;
-        uint32_t first = (uint32_t)(start + b);
-        for (int64_t j = 0; j < m; j++) u[j] = counter_uniform(first + (uint32_t)j, k0, k1);
+        grace_uniform(k0, k1, start + b, m, u);
         for (int64_t j = 0; j < m; j++) {
             float v = p[j];
             float level = (fabsf(v) / divisor) * levels;
@@ -286,8 +285,7 @@ void grace_natural_encode(const float *x, int64_t start, int64_t n, uint32_t k0,
     for (int64_t b = 0; b < n; b += BLOCK) {
         int64_t m = n - b < BLOCK ? n - b : BLOCK;
         const float *p = x + start + b;
-        uint32_t first = (uint32_t)(start + b);
-        for (int64_t j = 0; j < m; j++) u[j] = counter_uniform(first + (uint32_t)j, k0, k1);
+        grace_uniform(k0, k1, start + b, m, u);
         for (int64_t j = 0; j < m; j++) {
             float magnitude = fabsf(p[j]);
             uint32_t raw;
