@@ -22,7 +22,7 @@ Tensor = Any
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 MAX_FUSED_BITS = 8
-"""grace/native's loops handle codes of up to this many bits (``grace.native.MAX_BITS``)."""
+"""grace/native's loops handle codes of up to this many bits (a code is a byte there)."""
 INT32_MAX = 2**31 - 1
 
 
