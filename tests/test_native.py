@@ -160,6 +160,34 @@ def test_every_compressor_gives_the_composite_codes_payloads(name):
         assert_same(decoded, expected_decoded, f"{name}: decoded")
 
 
+@pytest.mark.parametrize("n", SIZES)
+def test_inceptionn_moves_every_class_like_the_composite_code(n):
+    """INCEPTIONN's loops move members four tags at a time: on magnitudes spread so that all four
+    classes interleave (and NaN and infinities among them), both ways, bit for bit."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(n, generator=g) * torch.pow(10.0, torch.empty(n).uniform_(-4, 2, generator=g))
+    x[:4] = torch.tensor([float("nan"), float("inf"), -float("inf"), 40000.0])
+    runs = []
+    for context in (contextlib.nullcontext(), native.disabled()):
+        with context:
+            compressor = grace.build("inceptionn").compressor
+            payload, ctx = compressor.compress(x, "w")
+            runs.append(([p.numpy() for p in payload], compressor.decompress(payload, ctx).numpy()))
+    (payload, decoded), (expected_payload, expected_decoded) = runs
+    assert all(len(p) > n // 50 for p in payload[1:]), "every class has members"
+    for i, (a, b) in enumerate(zip(payload, expected_payload)):
+        assert_same(a, b, f"payload {i}")
+    np.testing.assert_array_equal(decoded, expected_decoded)
+
+
+def test_inceptionn_refuses_tags_that_disagree_with_the_members():
+    x = data(SIZES[0])
+    compressor = grace.build("inceptionn").compressor
+    (tags, small, medium, large), ctx = compressor.compress(x, "w")
+    with pytest.raises(ValueError, match="inceptionn payload"):
+        compressor.decompress([tags, small[:-1], medium, large], ctx)
+
+
 def test_grace_native_0_turns_the_loops_off():
     script = ("import torch, grace\nfrom grace import native\n"
               "c = grace.build('qsgd').compressor\n"

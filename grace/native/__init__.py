@@ -99,8 +99,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "grace_inceptionn_encode": [ptr, i64, i64, f32, ptr, ptr, ptr, ptr, ptr],
         "grace_count_tags": [ptr, i64, i64, ptr],
         "grace_bucket_index": [ptr, ctypes.c_int32, ctypes.c_int, ptr, ptr],
-        "grace_inceptionn_decode": [ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, f32,
-                                    ptr],
+        "grace_inceptionn_decode": [ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, f32, ptr],
         "grace_natural_encode": [ptr, i64, i64, u32, u32, ptr, ptr],
         "grace_natural_decode": [ptr, ptr, i64, i64, ptr],
         "grace_magnitude_buckets": [ptr, i64, i64, f32, ptr, ptr, ptr, ctypes.c_int, ptr],
@@ -432,10 +431,14 @@ def inceptionn_decode(tags: np.ndarray, small: np.ndarray, medium: np.ndarray, l
         tags.ctypes.data, start, size, counts[index].ctypes.data))
     offsets = np.zeros((len(ranges), 3), np.int64)
     offsets[1:] = np.cumsum(counts, axis=0)[:-1]
+    members = (small.size, medium.size, large.size)
+    if tuple(int(c) for c in counts.sum(0)) != members:
+        raise ValueError(f"inceptionn payload: its tags count {tuple(int(c) for c in counts.sum(0))} "
+                         f"members of classes 1, 2, 3, but it holds {members}")
     bound = _value(error_bound)
     _parallel(n, lambda index, start, size: lib.grace_inceptionn_decode(
         tags.ctypes.data, start, size, small.ctypes.data, medium.ctypes.data, large.ctypes.data,
-        small.size, medium.size, large.size, *(int(o) for o in offsets[index]), bound, out.ctypes.data))
+        *(int(o) for o in offsets[index]), bound, out.ctypes.data))
     return out
 
 
