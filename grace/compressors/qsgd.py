@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -51,9 +52,13 @@ def level_values(bits: int, unit, ctx, ops, like):
     """The value of every sign-magnitude code ``2 q + negative`` of ``bits`` bits: ``±q * unit``,
     in ``ctx.dtype``; computed once per tensor, the elements are decoded through this table."""
     dtype = compute_dtype(ctx.dtype)
-    count = 1 << bits
-    codes = ops.arange(count, dtype, like=like)
-    q = ops.floor(ops.scale(codes, 0.5))
-    sign = ops.sub(ops.full(count, 1.0, dtype, like=codes),
-                   ops.scale(ops.sub(codes, ops.scale(q, 2.0)), 2.0))
-    return ops.cast(ops.mul(ops.mul(q, sign), unit), ctx.dtype)
+    signed = ops.constant(_signed_levels(bits), dtype, like=like)
+    return ops.cast(ops.mul(signed, unit), ctx.dtype)
+
+
+@lru_cache(maxsize=16)
+def _signed_levels(bits: int) -> np.ndarray:
+    """``±q`` for each code ``2 q + negative`` (-0.0 for q = 0, negative), exact in any float type."""
+    codes = np.arange(1 << bits)
+    q = (codes // 2).astype(np.float64)
+    return q * np.where(codes % 2 == 1, -1.0, 1.0)

@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+from functools import lru_cache
+
+import numpy as np
+
 from grace.compressor import Compressor, Seeded, compute_dtype, numel_of
 from grace.validation import check_int
 
@@ -34,8 +38,7 @@ class Sketch(Seeded, Compressor):
         n, b = ctx.numel, self.buckets
         m = min(n, SAMPLE)
         sample = x if m == n else ops.gather(x, self.indices(n, m, name, ctx, ops, like=flat))
-        cuts = [min(m - 1, (i * m) // b) for i in range(1, b)]
-        boundaries = ops.gather(ops.sort(sample), ops.constant(cuts, "int32", like=flat))
+        boundaries = ops.gather(ops.sort(sample), ops.constant(_cuts(m, b).copy(), "int32", like=flat))
         fast = ops.fused("bucketize_sums", x, boundaries)
         if fast is not None:
             ids, sums, counts = fast
@@ -53,3 +56,10 @@ class Sketch(Seeded, Compressor):
 
     def payload_nbytes(self, shape, itemsize):
         return self.buckets * itemsize + numel_of(shape)
+
+
+@lru_cache(maxsize=64)
+def _cuts(m: int, buckets: int) -> np.ndarray:
+    """The ranks, in a sorted sample of ``m``, of the boundaries between ``buckets`` equal-count
+    buckets."""
+    return np.minimum(m - 1, (np.arange(1, buckets, dtype=np.int64) * m) // buckets).astype(np.int32)
