@@ -15,6 +15,14 @@ SAMPLED_TOPK_MIN = 1 << 18
 sample instead of running ``torch.topk`` over the whole tensor."""
 
 
+def _kth_smallest(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k``-th smallest element (1-based) of 1-d ``x``, as a 0-d tensor. On the CPU through
+    numpy's introselect, 4 to 10 times faster than ``torch.kthvalue`` (NaN sorts last in both)."""
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        return torch.from_numpy(np.partition(x.detach().numpy(), k - 1)[k - 1:k]).reshape(())
+    return torch.kthvalue(x, k).values
+
+
 def _sampled_topk(x: torch.Tensor, k: int) -> torch.Tensor | None:
     """The exact top-k by magnitude: a threshold ``t`` from a strided sample of ``|x|`` aims at about
     1.3 k candidates ``|x| >= t`` (two compares and a nonzero, on bytes), then ``torch.topk`` picks
@@ -25,7 +33,7 @@ def _sampled_topk(x: torch.Tensor, k: int) -> torch.Tensor | None:
     sample = x[::stride].abs()
     for margin in (1.3, 3.0):
         rank = min(sample.numel() - 1, int(sample.numel() * k * margin / n))
-        threshold = torch.kthvalue(sample, sample.numel() - rank).values
+        threshold = _kth_smallest(sample, sample.numel() - rank)
         if not bool(threshold > 0):
             return None
         if _native(x):
@@ -300,6 +308,10 @@ class TorchOps(Ops):
         return torch.linalg.vector_norm(x, float("inf")).reshape(1)
 
     def order_statistics(self, x, ranks):
+        if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+            # One introselect for all the ranks (numpy), instead of a sort.
+            at = np.asarray([int(r) for r in ranks], np.int64)
+            return torch.from_numpy(np.partition(x.detach().numpy(), at)[at])
         if len(ranks) > 4:
             return super().order_statistics(x, ranks)
         # A selection per rank (linear time) instead of a sort.
