@@ -142,6 +142,10 @@ class TensorFlowOps(Ops):
         return tf.math.top_k(tf.abs(x), k, sorted=False, index_type=index_type).indices
 
     def gather(self, x, indices):
+        if _native(x):
+            # numpy's take is 1.5-3 times faster than tf.gather on the CPU for a large source (250 K
+            # of 25 M: about 2.5-5 ms against 7.5 ms).
+            return _host(np.take, [x, indices], x.dtype, indices.shape)
         return tf.gather(x, indices)
 
     def scatter_add(self, n, indices, values):
