@@ -142,9 +142,11 @@ class TensorFlowOps(Ops):
         return tf.math.top_k(tf.abs(x), k, sorted=False, index_type=index_type).indices
 
     def gather(self, x, indices):
-        if _native(x):
-            # numpy's take is 1.5-3 times faster than tf.gather on the CPU for a large source (250 K
-            # of 25 M: about 2.5-5 ms against 7.5 ms).
+        taken = indices.shape.num_elements()
+        if _native(x) and taken is not None and taken >= NATIVE_MIN // 4:
+            # numpy's take is 1.5-3 times faster than tf.gather on the CPU for many indices into a
+            # large source (250 K of 25 M: about 2.5-5 ms against 7.5 ms); for fewer, the
+            # numpy_function's fixed cost outweighs it.
             return _host(np.take, [x, indices], x.dtype, indices.shape)
         return tf.gather(x, indices)
 
