@@ -215,13 +215,17 @@ def _require() -> ctypes.CDLL:
 
 
 # --- the kernels, over numpy arrays (host memory), shared by the torch and TensorFlow adapters -----
-# Each allocates its outputs (on 64 bytes from ALIGNED_BYTES, see _empty) and returns them.
+# Each allocates its outputs (see _empty) and returns them.
 ALIGNED_BYTES = 1 << 16
+"""Outputs from this size on start on 64 bytes (see ``_empty``)."""
+
+
 def _empty(n: int, dtype, allocate=np.empty) -> np.ndarray:
-    """An uninitialised array whose data starts on 64 bytes: TensorFlow adopts such an array as a
-    tensor without copying it (it copies one that is not aligned for Eigen)."""
+    """An uninitialised array whose data starts on 64 bytes from ``ALIGNED_BYTES``: TensorFlow
+    adopts such an array as a tensor without copying it (it copies one that is not aligned for
+    Eigen, which for a small array costs less than aligning it)."""
     itemsize = np.dtype(dtype).itemsize
-    if n * itemsize < ALIGNED_BYTES:  # TensorFlow's copy of a small array costs less than aligning it
+    if n * itemsize < ALIGNED_BYTES:
         return allocate(n, dtype)
     raw = allocate(n * itemsize + 64, np.uint8)
     offset = (-raw.ctypes.data) % 64
@@ -449,10 +453,10 @@ def inceptionn_decode(tags: np.ndarray, small: np.ndarray, medium: np.ndarray, l
         tags.ctypes.data, start, size, counts[index].ctypes.data))
     offsets = np.zeros((len(ranges), 3), np.int64)
     offsets[1:] = np.cumsum(counts, axis=0)[:-1]
-    members = (small.size, medium.size, large.size)
-    if tuple(int(c) for c in counts.sum(0)) != members:
-        raise ValueError(f"inceptionn payload: its tags count {tuple(int(c) for c in counts.sum(0))} "
-                         f"members of classes 1, 2, 3, but it holds {members}")
+    tagged, members = tuple(int(c) for c in counts.sum(0)), (small.size, medium.size, large.size)
+    if tagged != members:
+        raise ValueError(f"inceptionn payload: its tags count {tagged} members of classes 1, 2, 3, "
+                         f"but it holds {members}")
     bound = _value(error_bound)
     _parallel(n, lambda index, start, size: lib.grace_inceptionn_decode(
         tags.ctypes.data, start, size, small.ctypes.data, medium.ctypes.data, large.ctypes.data,

@@ -437,6 +437,16 @@ static inline uint8_t tag_byte(const uint8_t *tags, int64_t i, int64_t m) {
     return valid >= 4 ? tags[i] : (uint8_t)(tags[i] & ((1U << (2 * valid)) - 1U));
 }
 
+/* How many of the tags of a block of m <= BLOCK elements are 1, 2 and 3, into k[0], k[1], k[2]: the
+ * bytes' steps added up (a block's counts fit their 16 bits). */
+static inline void block_counts(const uint8_t *tags, int64_t m, int32_t k[3]) {
+    uint64_t lanes = 0;
+    for (int64_t i = 0; i < (m + 3) / 4; i++) lanes += tag_table.step[tag_byte(tags, i, m)];
+    k[0] = (int32_t)(lanes >> 16 & 0xFFFFU);
+    k[1] = (int32_t)(lanes >> 32 & 0xFFFFU);
+    k[2] = (int32_t)(lanes >> 48);
+}
+
 /* INCEPTIONN (grace/compressors/inceptionn.py): steps = rint(x * inverse); a 2-bit tag per element,
  * 0 where |steps| < 1, 1 below 128, 2 below 32768, else 3. With counts only (tags NULL) it counts
  * the tags 1, 2, 3 of [start, start + n); else it packs the tags (tags starts on this range's byte)
@@ -502,27 +512,16 @@ void grace_inceptionn_encode(const float *x, int64_t start, int64_t n, float inv
     counts[2] = c3;
 }
 
-/* How many of the 2-bit tags of elements [start, start + n) are 1, 2 and 3 (start a multiple of 4):
- * whole bytes through a table of each byte's counts, four running sums per class. */
+/* How many of the 2-bit tags of elements [start, start + n) are 1, 2 and 3 (start a multiple of 4),
+ * block by block. */
 void grace_count_tags(const uint8_t *tags, int64_t start, int64_t n, int64_t *counts) {
-    uint8_t table[256][4];
-    for (int b = 0; b < 256; b++) {
-        table[b][0] = table[b][1] = table[b][2] = table[b][3] = 0;
-        for (int j = 0; j < 4; j++) table[b][(b >> (2 * j)) & 3]++;
-    }
     int64_t c1 = 0, c2 = 0, c3 = 0;
-    int64_t first = start / 4, whole = n / 4;
-    for (int64_t b = first; b < first + whole; b++) {
-        const uint8_t *t = table[tags[b]];
-        c1 += t[1];
-        c2 += t[2];
-        c3 += t[3];
-    }
-    for (int64_t i = start + whole * 4; i < start + n; i++) {
-        int tag = (tags[i / 4] >> (2 * (i % 4))) & 3;
-        c1 += tag == 1;
-        c2 += tag == 2;
-        c3 += tag == 3;
+    for (int64_t b = 0; b < n; b += BLOCK) {
+        int32_t k[3];
+        block_counts(tags + (start + b) / 4, n - b < BLOCK ? n - b : BLOCK, k);
+        c1 += k[0];
+        c2 += k[1];
+        c3 += k[2];
     }
     counts[0] = c1;
     counts[1] = c2;
@@ -541,10 +540,9 @@ void grace_inceptionn_decode(const uint8_t *tags, int64_t start, int64_t n, cons
     for (int64_t b = 0; b < n; b += BLOCK) {
         int64_t m = n - b < BLOCK ? n - b : BLOCK;
         const uint8_t *t = tags + (start + b) / 4;
-        uint64_t lanes = 0;
-        for (int64_t i = 0; i < (m + 3) / 4; i++) lanes += tag_table.step[tag_byte(t, i, m)];
-        int32_t k1 = (int32_t)(lanes >> 16 & 0xFFFFU), k2 = (int32_t)(lanes >> 32 & 0xFFFFU),
-                k3 = (int32_t)(lanes >> 48);
+        int32_t k[3];
+        block_counts(t, m, k);
+        int32_t k1 = k[0], k2 = k[1], k3 = k[2];
         values[0] = 0.0f;
         for (int32_t j = 0; j < k1; j++) values[1 + j] = (float)small[c1 + j] * error_bound;
         for (int32_t j = 0; j < k2; j++) values[1 + k1 + j] = (float)medium[c2 + j] * error_bound;
