@@ -48,14 +48,25 @@ TARGET_2 = ("topk", "randomk", "signsgd", "onebit", "terngrad", "qsgd")
 
 
 def median_seconds(fn, repeats: int, sync=lambda: None) -> float:
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return interleaved_medians({"fn": fn}, repeats, 0, sync)["fn"]
+
+
+def interleaved_medians(fns: dict, repeats: int, warmup: int, sync=lambda: None) -> dict[str, float]:
+    """The median seconds of each of ``fns`` over ``repeats`` rounds that call them in turn, after
+    ``warmup`` untimed rounds. Taking turns lets every function see the same state of the machine.
+    The warm-up rounds matter here: the first rounds over a new working set stall for 100-300 ms
+    while the sandbox maps fresh memory (see docs/performance.md), and a few such rounds out of seven
+    move a median; the figures are meant for the steady state of a training run."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for round_ in range(warmup + repeats):
+        for name, fn in fns.items():
+            sync()
+            start = time.perf_counter()
+            fn()
+            sync()
+            if round_ >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def target(name: str) -> int:
@@ -63,7 +74,7 @@ def target(name: str) -> int:
 
 
 # --- the catalogue ------------------------------------------------------------------------------
-def torch_case(name, tensors, repeats, device):
+def torch_case(name, tensors, repeats, device, warmup=0):
     import torch
 
     pipeline = grace.build(name)
@@ -92,22 +103,15 @@ def torch_case(name, tensors, repeats, device):
         for t, out in zip(kept, targets):
             out.copy_(t)
 
-    compress()
-    decompress()
-    copy_into()
-    result = {"copy_s": median_seconds(copy, repeats, sync),
-              "warm_copy_s": median_seconds(copy_into, repeats, sync)}
-    c, d = [], []
-    for _ in range(repeats):  # alternate, so that both see the same state of the machine
-        c.append(median_seconds(compress, 1, sync))
-        d.append(median_seconds(decompress, 1, sync))
-    result.update(compress_s=float(np.median(c)), decompress_s=float(np.median(d)))
+    medians = interleaved_medians({"copy_s": copy, "warm_copy_s": copy_into, "compress_s": compress,
+                                   "decompress_s": decompress}, repeats, max(warmup, 1), sync)
+    result = dict(medians)
     payload = sum(ops.nbytes(p) for out, _ in state["out"] for p in out)
     dense = sum(ops.nbytes(t) for t in kept)
     return {**result, "payload_bytes": payload, "dense_bytes": dense, "tensors": len(kept)}
 
 
-def tf_case(name, arrays, repeats):
+def tf_case(name, arrays, repeats, warmup=0):
     import tensorflow as tf
 
     pipeline = grace.build(name)
@@ -132,16 +136,17 @@ def tf_case(name, arrays, repeats):
         return [tf.raw_ops.DeepCopy(x=t) for t in xs]
 
     payloads = compress(kept)
-    round_trip(kept)
-    copy(kept)
-    copy_s = median_seconds(lambda: copy(kept), repeats)
-    c, r = [], []
-    for _ in range(repeats):
-        c.append(median_seconds(lambda: compress(kept), 1))
-        r.append(median_seconds(lambda: round_trip(kept), 1))
-    compress_s, total_s = float(np.median(c)), float(np.median(r))
+    # The round trip is timed beside the copy, and compress alone afterwards: taking turns with it
+    # would compress twice per round, and a stateful compressor (signum's momentum) would then
+    # write one more fresh full-size buffer per round than PyTorch's side does.
+    medians = interleaved_medians({"copy": lambda: copy(kept), "round_trip": lambda: round_trip(kept)},
+                                  repeats, max(warmup, 1))
+    copy_s, total_s = medians["copy"], medians["round_trip"]
+    # compress + decompress is the round trip's own median; compress alone only splits it.
+    alone = interleaved_medians({"compress": lambda: compress(kept)}, repeats, 1)["compress"]
+    compress_s = min(total_s, alone)
     payload = sum(int(tf.size(p)) * p.dtype.size for out in payloads for p in out)
-    return {"copy_s": copy_s, "compress_s": compress_s, "decompress_s": max(0.0, total_s - compress_s),
+    return {"copy_s": copy_s, "compress_s": compress_s, "decompress_s": total_s - compress_s,
             "payload_bytes": payload, "dense_bytes": sum(int(tf.size(t)) * 4 for t in kept),
             "tensors": len(kept)}
 
@@ -176,9 +181,9 @@ def bench_catalogue(args) -> list[dict]:
                 import torch
 
                 tensors = [torch.from_numpy(a).to(dev) for a in arrays[case]]
-                result = torch_case(name, tensors, args.repeats, dev)
+                result = torch_case(name, tensors, args.repeats, dev, args.warmup)
             else:
-                result = tf_case(name, arrays[case], args.repeats)
+                result = tf_case(name, arrays[case], args.repeats, args.warmup)
         except Exception as e:  # noqa: BLE001 (a failing case is a row, not a lost table)
             lines = str(e).strip().splitlines() or [""]
             result = {"error": f"{type(e).__name__}: {lines[-1]}"[:160]}
@@ -434,7 +439,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--frameworks", default="torch,tf")
     parser.add_argument("--numel", type=int, default=25_000_000)
     parser.add_argument("--model", choices=("resnet50", "none"), default="resnet50")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--warmup", type=int, default=5,
+                        help="untimed rounds before the timed ones, per compressor (default 5)")
     parser.add_argument("--devices", help="only these of the devices present (cpu,cuda); default all")
     parser.add_argument("--powersgd", action="store_true", help="grace's PowerSGD against torch's hooks")
     parser.add_argument("--overhead", action="store_true", help="grace.none() against Horovod, 2 workers")
