@@ -26,7 +26,7 @@ def report(tmp_path_factory):
     run = subprocess.run(
         [sys.executable, SCRIPT, "--compressors", ",".join(COMPRESSORS), "--frameworks", "torch,tf",
          "--devices", "cpu", "--numel", str(NUMEL), "--model", "none", "--repeats", "3",
-         "--warmup", "1", "--json", str(out / "bench.json"), "--plot", str(out / "bench.png")],
+         "--warmup", "1", "--powersgd", "--json", str(out / "bench.json"), "--plot", str(out / "bench.png")],
         capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     with open(out / "bench.json") as f:
@@ -67,6 +67,15 @@ def test_ratio_is_the_quotient_of_the_reported_times(report):
         expected = (row["compress_s"] + row["decompress_s"]) / row["copy_s"]
         assert row["ratio_to_copy"] == pytest.approx(expected, rel=1e-12)
         assert row["target"] == (2 if row["compressor"] in ("signsgd", "randomk", "qsgd", "topk") else 3)
+
+
+def test_powersgd_side_by_side(report):
+    # Run after the catalogue, so in a process of its own (powersgd_in_fresh_process).
+    result = {r["implementation"]: r for r in report["json"]["powersgd"]}
+    grace_row, hook = result["grace.powersgd(rank=2)"], result["torch powerSGD_hook"]
+    assert "error" not in hook and grace_row["relative_to_grace"] == 1.0
+    assert hook["relative_to_grace"] == pytest.approx(hook["round_s"] / grace_row["round_s"], rel=1e-12)
+    assert "| torch powerSGD_hook |" in report["stdout"]
 
 
 def test_table_and_plot(report):
