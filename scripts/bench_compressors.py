@@ -377,8 +377,10 @@ def overhead_worker(repeats: int) -> None:
     for _ in range(20):
         for step in steps.values():
             step()
-    for _ in range(repeats):
-        for name, step in steps.items():  # interleaved blocks of 20 steps
+    for block in range(repeats):
+        # Interleaved blocks of 20 steps, in turn first and second, so neither side always follows
+        # the other.
+        for name, step in (list(steps.items()) if block % 2 == 0 else list(steps.items())[::-1]):
             hvd.allreduce(torch.zeros(1), name="barrier")
             start = time.perf_counter()
             for _ in range(20):
@@ -393,7 +395,7 @@ def bench_overhead(args) -> dict:
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     out = subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
                           os.path.abspath(__file__), "--overhead-worker", "--repeats",
-                          str(max(args.repeats, 15))], capture_output=True, text=True, env=env,
+                          str(max(args.repeats, 30))], capture_output=True, text=True, env=env,
                          timeout=900)
     lines = [line for line in out.stdout.splitlines() if "OVERHEAD " in line]
     if not lines:
