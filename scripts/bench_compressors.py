@@ -52,7 +52,7 @@ def interleaved_medians(fns: dict, repeats: int, warmup: int, sync=lambda: None,
     """The median seconds of each of ``fns`` over ``repeats`` rounds that call them in turn, after
     ``warmup`` untimed rounds. Taking turns lets every function see the same state of the machine.
     The warm-up rounds matter here: the first rounds over a new working set stall for 100-300 ms
-    while the sandbox maps fresh memory (see docs/performance.md), and a few such rounds out of seven
+    while the machine maps fresh memory (see docs/performance.md), and a few such rounds out of nine
     move a median; the figures are meant for the steady state of a training run. ``desc``: show
     the rounds with tqdm under that label."""
     times: dict[str, list[float]] = {name: [] for name in fns}
