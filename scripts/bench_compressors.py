@@ -335,7 +335,7 @@ def bench_powersgd(args) -> list[dict]:
 def powersgd_in_fresh_process(args) -> list[dict]:
     """``bench_powersgd`` in a process of its own. After the catalogue, this process holds
     TensorFlow's threads and a heap shaped by a hundred 100 MB tensors; in it grace's round (many
-    small products and Python calls) came out 9 % slower than the hook's twice, against 2-19 %
+    small products and Python calls) came out 9 % slower than the hook's twice, against 0-28 %
     faster in a fresh process. Both sides get the fresh one."""
     with tempfile.TemporaryDirectory(prefix="grace-bench-") as tmp:
         out = os.path.join(tmp, "powersgd.json")
