@@ -102,9 +102,8 @@ def torch_case(name, tensors, repeats, device, warmup=0):
         for t, out in zip(kept, targets):
             out.copy_(t)
 
-    medians = interleaved_medians({"copy_s": copy, "warm_copy_s": copy_into, "compress_s": compress,
-                                   "decompress_s": decompress}, repeats, max(warmup, 1), sync)
-    result = dict(medians)
+    result = interleaved_medians({"copy_s": copy, "warm_copy_s": copy_into, "compress_s": compress,
+                                  "decompress_s": decompress}, repeats, max(warmup, 1), sync)
     payload = sum(ops.nbytes(p) for out, _ in state["out"] for p in out)
     dense = sum(ops.nbytes(t) for t in kept)
     return {**result, "payload_bytes": payload, "dense_bytes": dense, "tensors": len(kept)}
@@ -377,10 +376,11 @@ def overhead_worker(repeats: int) -> None:
     for _ in range(20):
         for step in steps.values():
             step()
+    order = list(steps.items())
     for block in range(repeats):
         # Interleaved blocks of 20 steps, in turn first and second, so neither side always follows
         # the other.
-        for name, step in (list(steps.items()) if block % 2 == 0 else list(steps.items())[::-1]):
+        for name, step in (order if block % 2 == 0 else order[::-1]):
             hvd.allreduce(torch.zeros(1), name="barrier")
             start = time.perf_counter()
             for _ in range(20):
