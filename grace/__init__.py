@@ -59,7 +59,8 @@ def threshold(threshold: float = 0.01, **options: Any) -> Pipeline:
 
 def dgc(ratio: float = 0.001, **options: Any) -> Pipeline:
     """Deep Gradient Compression (sampled top-k, momentum correction and masking), allgather.
-    Options: ``sample_ratio``, ``warmup_steps``, ``seed``, memory's ``momentum`` and ``clip_norm``."""
+    Options: ``sample_ratio``, ``sparsity_warmup_steps``, ``seed``; memory: ``momentum`` (the
+    optimizer's, taken over) and ``clip_norm``."""
     return build("dgc", ratio=ratio, **options)
 
 
@@ -83,9 +84,10 @@ def signsgd(**options: Any) -> Pipeline:
     return build("signsgd", **options)
 
 
-def signum(beta: float = 0.9, **options: Any) -> Pipeline:
-    """signum: signs of momentum, majority vote, allgather."""
-    return build("signum", beta=beta, **options)
+def signum(beta: float | None = None, **options: Any) -> Pipeline:
+    """signum: signs of momentum, majority vote, allgather. ``beta``: the wrapped optimizer's
+    momentum, taken over (else 0.9)."""
+    return build("signum", **({} if beta is None else {"beta": beta}), **options)
 
 
 def efsignsgd(**options: Any) -> Pipeline:

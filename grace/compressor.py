@@ -62,6 +62,7 @@ class Compressor(ABC):
     - ``fixed_size``: the payload's sizes depend only on the tensor's size, so receivers can split a
       gathered payload without being told the lengths.
     - ``default_memory`` / ``default_communicator``: what the paper uses, by registry name.
+    - ``default_warmup_steps``: dense exchanges before compression starts, where measured to help.
     - ``rounds``: 2 for a compressor whose payload takes two trips (PowerSGD: P, then Q); it then
       implements ``second_round`` and may implement ``after_aggregate``.
     """
@@ -71,6 +72,7 @@ class Compressor(ABC):
     fixed_size: ClassVar[bool] = True
     default_memory: ClassVar[str] = "none"
     default_communicator: ClassVar[str] = "allreduce"
+    default_warmup_steps: ClassVar[int] = 0
     rounds: ClassVar[int] = 1
 
     def compress(self, tensor: Tensor, name: str, ops: Ops | None = None,

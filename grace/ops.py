@@ -218,6 +218,14 @@ class Ops(ABC):
         wide = self.cast(x, "float64")
         return self.cast(self.sqrt(self.sum(self.mul(wide, wide))), self.dtype(x))
 
+    def row_norms(self, x: Tensor) -> Tensor:
+        """The Euclidean norm of each row of the 2-d ``x``, as a 1-d tensor, computed in float64 and
+        rounded to ``x``'s dtype (as ``norm``)."""
+        wide = self.cast(x, "float64")
+        ones = self.reshape(self.full(self.shape(x)[1], 1.0, "float64", like=wide), (-1, 1))
+        squares = self.matmul(self.mul(wide, wide), ones)
+        return self.cast(self.sqrt(self.reshape(squares, (-1,))), self.dtype(x))
+
     @abstractmethod
     def nonfinite_flag(self, x: Tensor) -> Tensor:
         """A 1-element float32 tensor: 1 if ``x`` holds an Inf or NaN, else 0 (no host sync)."""
@@ -332,12 +340,12 @@ class Ops(ABC):
 
     def scaled_sum(self, a: Tensor | None, alpha: float, b: Tensor, beta: float) -> Tensor:
         """``a * alpha + b * beta`` (``b * beta`` where ``a`` is None), each product rounded to the
-        dtype as ``scale`` does, then the sum."""
+        dtype as ``scale`` does, then the sum; shaped as ``b``."""
         inputs = [b] if a is None else [a, b]
         if all(self.dtype(t) == "float32" for t in inputs):
             fast = self.fused("scaled_sum", *inputs, alpha=alpha, beta=beta)
             if fast is not None:
-                return fast[0]
+                return self.reshape(fast[0], self.shape(b))  # the kernel works on flat arrays
         right = self.scale(b, beta)
         return right if a is None else self.add(self.scale(a, alpha), right)
 

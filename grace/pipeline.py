@@ -10,8 +10,10 @@ from grace.communicator import Communicator
 from grace.communicators.allreduce import Allreduce
 from grace.compressor import Compressor, Context, numel_of
 from grace.compressors.none import NoneCompressor
+from grace.memories.momentum import MomentumMemory
 from grace.memories.none import NoneMemory
 from grace.memory import Memory
+from grace.momentum import OptimizerMomentum, owner
 from grace.ops import FLOAT_DTYPES, Ops, Tensor, ops_for
 
 
@@ -30,6 +32,7 @@ class Pending:
     compensated: Tensor | None = None  # kept for a second round (PowerSGD)
     nonfinite: Any = None  # handle of the allreduced "some worker's tensor is not finite" flag
     transaction: dict | None = None  # this tensor's state writes, committed once the flag is known
+    summed: Tensor | None = None  # set when the sum over workers is already known (traced warm-up)
 
 
 def _copy(value: Any) -> Any:
@@ -78,6 +81,12 @@ class Pipeline:
     the step, and returns NaN, so that a loss scaler sees the overflow and skips the
     step with nothing absorbed into the state. Eagerly and under tf.function alike.
 
+    Warm-up (``warmup_steps``): the first ``warmup_steps`` exchanges of each tensor travel dense
+    (allreduce, no memory, counted in ``stats()`` as dense bytes sent), as PyTorch's PowerSGD hook
+    (``start_powerSGD_iter``), DGC's warm-up epochs and 1-bit Adam's freeze step do: early
+    gradients are large and change fast, which delayed residuals and quantization noise handle
+    worst. Exchanges are counted per tensor, skipped steps included; the count is saved state.
+
     ``stats()`` reports, cumulatively for this worker, the payload bytes put into collectives
     (``bytes_sent``) against the bytes of the dense tensors (``bytes_dense``).
 
@@ -86,22 +95,25 @@ class Pipeline:
     """
 
     def __init__(self, compressor: Compressor, memory: Memory, communicator: Communicator,
-                 min_numel: int = 0, check_finite: bool = True):
+                 min_numel: int = 0, check_finite: bool = True, warmup_steps: int = 0):
         communicator.bind(compressor)
         self.compressor = compressor
         self.memory = memory
         self.communicator = communicator
         self.min_numel = min_numel
         self.check_finite = check_finite
+        self.warmup_steps = warmup_steps
+        self._exchanges: dict = {}  # per tensor: how many exchanges the warm-up has counted
         self._dense_compressor = NoneCompressor()
         self._dense_memory = NoneMemory()
         self._dense_communicator = Allreduce()
         self.reset_stats()
 
     def __repr__(self) -> str:
-        return (f"Pipeline(compressor={self.compressor!r}, memory={self.memory!r}, "
+        dense = "" if isinstance(self._dense_memory, NoneMemory) else f", dense_memory={self._dense_memory!r}"
+        return (f"Pipeline(compressor={self.compressor!r}, memory={self.memory!r}{dense}, "
                 f"communicator={self.communicator!r}, min_numel={self.min_numel}, "
-                f"check_finite={self.check_finite})")
+                f"check_finite={self.check_finite}, warmup_steps={self.warmup_steps})")
 
     # --- what Horovod's own optimizer would call -----------------------------------------------
     def compress(self, tensor):
@@ -112,6 +124,25 @@ class Pipeline:
         )
 
     decompress = compress
+
+    # --- momentum taken over from the optimizer -------------------------------------------------
+    def take_momentum(self, found: OptimizerMomentum, adam: bool = False) -> str | None:
+        """Hand the wrapped optimizer's momentum (``found``) to the part of this pipeline that
+        applies momentum itself, if there is one; the caller then sets the optimizer's to 0. The
+        tensors that travel dense get ``found`` from here on, applied before the exchange, so that
+        every tensor keeps the momentum the optimizer gave it. Returns the sentence to log once, or
+        ``None`` when nothing was taken (``adam``: ``found`` is Adam's ``beta_1``, taken only by the
+        algorithms that ask for it). See ``grace.momentum``."""
+        part = owner(self)
+        if part is None or found.momentum == 0.0 or (adam and not part.takes_adam_beta1):
+            return None
+        part.take_momentum(found)
+        dense = MomentumMemory(found.momentum, found.nesterov, found.dampening)
+        if isinstance(part, MomentumMemory) and part.momentum_params() == dense.momentum_params():
+            # One velocity per tensor: a warm-up's dense steps build what compression continues.
+            dense.velocities = part.velocities
+        self._dense_memory = dense
+        return part.takeover_line(found, self.compressor.name)
 
     # --- the pipeline --------------------------------------------------------------------------
     def compresses(self, shape: tuple[int, ...], dtype: str, ops: Ops) -> bool:
@@ -132,7 +163,8 @@ class Pipeline:
         if numel_of(shape) == 0:
             return False
         if not self.compresses(shape, dtype, ops):
-            return True
+            return self._carries_nonfinite(self._dense_compressor, self._dense_memory,
+                                           self._dense_communicator)
         return self._carries_nonfinite(self.compressor, self.memory, self.communicator)
 
     def count_as_is(self, numel: int, itemsize: int, ops: Ops) -> None:
@@ -149,11 +181,29 @@ class Pipeline:
             ctx = Context(shape, dtype, 0)
             return Pending(name, ctx, self._dense_compressor, self._dense_communicator, None, ops,
                            ready=ops.copy(tensor))
-        if self.compresses(shape, dtype, ops):
-            compressor, memory, communicator = self.compressor, self.memory, self.communicator
-        else:
+        if not self.compresses(shape, dtype, ops):
+            return self._start(tensor, name, group, ops, dense=True)
+        if self.warmup_steps:
+            exchange = ops.counter(self._exchanges, name)
+            if not isinstance(exchange, int):
+                # A traced graph: both ways are built, and the step picks one when the graph runs.
+                summed = ops.cond(
+                    exchange < self.warmup_steps,
+                    lambda: self.finish(self._start(tensor, name, group, ops, dense=True), group),
+                    lambda: self.finish(self._start(tensor, name, group, ops, dense=False), group))
+                return Pending(name, Context(shape, dtype, numel), self._dense_compressor,
+                               self._dense_communicator, None, ops, summed=summed)
+            if exchange < self.warmup_steps:
+                return self._start(tensor, name, group, ops, dense=True)
+        return self._start(tensor, name, group, ops, dense=False)
+
+    def _start(self, tensor, name, group, ops, dense: bool) -> Pending:
+        numel, dtype = ops.numel(tensor), ops.dtype(tensor)
+        if dense:
             compressor, memory, communicator = (self._dense_compressor, self._dense_memory,
                                                 self._dense_communicator)
+        else:
+            compressor, memory, communicator = self.compressor, self.memory, self.communicator
         nonfinite = transaction = None
         if self.check_finite and not self._carries_nonfinite(compressor, memory, communicator):
             flag = ops.nonfinite_flag(tensor)
@@ -188,6 +238,8 @@ class Pipeline:
         (``1 / size`` to average)."""
         if pending.ready is not None:
             return pending.ready
+        if pending.summed is not None:
+            return pending.summed if scale == 1.0 else pending.ops.scale(pending.summed, scale)
         ops, compressor, ctx = pending.ops, pending.compressor, pending.ctx
         payloads = pending.communicator.finish(pending.handle, group, ops)
         if compressor.rounds == 2:
@@ -223,6 +275,8 @@ class Pipeline:
         return {"config": repr(self),
                 "compressor": _copy_stores(self.compressor.state()),
                 "memory": _copy_stores(self.memory.state()),
+                "dense_memory": _copy_stores(self._dense_memory.state()),
+                "pipeline": _copy_stores({"exchanges": self._exchanges}),
                 "stats": _copy_stores({"counters": self._counters})["counters"]}
 
     def load_state_dict(self, state: dict[str, Any], ops: Ops | None = None) -> None:
@@ -231,8 +285,9 @@ class Pipeline:
         if state.get("config") != repr(self):
             raise ValueError(f"this compression state was saved by {state.get('config')}, not by "
                              f"{self!r}: build the same pipeline before loading it")
-        for part, owner in (("compressor", self.compressor), ("memory", self.memory)):
-            stores = owner.state()
+        parts = (("compressor", self.compressor.state()), ("memory", self.memory.state()),
+                 ("dense_memory", self._dense_memory.state()), ("pipeline", {"exchanges": self._exchanges}))
+        for part, stores in parts:
             for attr, entries in state[part].items():
                 for name, value in entries.items():
                     _restore(stores[attr], name, value, ops)

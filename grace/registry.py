@@ -25,7 +25,7 @@ DEFAULT_MIN_NUMEL = 1024
 """Tensors with fewer elements (biases, norms) travel dense: compressing them saves little and adds
 latency. Override with ``min_numel=``."""
 
-_PIPELINE_KEYS = ("compressor", "memory", "communicator", "min_numel", "check_finite")
+_PIPELINE_KEYS = ("compressor", "memory", "communicator", "min_numel", "check_finite", "warmup_steps")
 
 
 def available() -> list[str]:
@@ -49,11 +49,13 @@ def memory_params(name: str) -> dict[str, Any]:
 
 
 def build(compressor: str, *, memory: str | None = None, communicator: str | None = None,
-          min_numel: int = DEFAULT_MIN_NUMEL, check_finite: bool = True, **params: Any) -> Pipeline:
+          min_numel: int = DEFAULT_MIN_NUMEL, check_finite: bool = True, warmup_steps: int | None = None,
+          **params: Any) -> Pipeline:
     """A pipeline for the named compressor with its paper's defaults, ``memory`` and
     ``communicator`` overridden by name when given, and the compressor's own ``params``.
     ``check_finite=False`` saves the 4-byte flag per tensor at the price of Inf/NaN gradients
-    entering residuals and momenta (see ``Pipeline``)."""
+    entering residuals and momenta (see ``Pipeline``). ``warmup_steps``: exchanges sent dense before
+    compression starts (the compressor's ``default_warmup_steps`` when not given)."""
     name = check_choice("compressor", compressor, COMPRESSORS)
     cls = COMPRESSORS[name]
     memory = check_choice("memory", memory or cls.default_memory, MEMORIES)
@@ -63,14 +65,17 @@ def build(compressor: str, *, memory: str | None = None, communicator: str | Non
     unknown = sorted(set(params) - set(own) - set(of_memory))
     if unknown:
         accepted = ", ".join(list(own) + list(of_memory) + ["memory", "communicator", "min_numel",
-                                                             "check_finite"])
+                                                             "check_finite", "warmup_steps"])
         raise ValueError(f"unknown parameter {unknown[0]!r} for compressor {name!r} with memory "
                          f"{memory!r}; accepted: {accepted}")
     min_numel = check_int("min_numel", min_numel, minimum=0)
     check_finite = check_bool("check_finite", check_finite)
+    warmup_steps = check_int("warmup_steps", cls.default_warmup_steps if warmup_steps is None
+                             else warmup_steps, minimum=0)
     compressor_obj = cls(**{k: v for k, v in params.items() if k in own})
     memory_obj = MEMORIES[memory](**{k: v for k, v in params.items() if k in of_memory})
-    return Pipeline(compressor_obj, memory_obj, COMMUNICATORS[communicator](), min_numel, check_finite)
+    return Pipeline(compressor_obj, memory_obj, COMMUNICATORS[communicator](), min_numel, check_finite,
+                    warmup_steps)
 
 
 def from_params(params: Mapping[str, Any]) -> Pipeline:

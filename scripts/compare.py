@@ -62,10 +62,12 @@ def parse_compression(text: str) -> str:
     return json.dumps(params)
 
 
-def worker_command(fw: str, workload: str, compression: str, args, wire: bool) -> list[str]:
+def worker_command(fw: str, workload: str, compression: str, args, wire: bool,
+                   extra: tuple = ()) -> list[str]:
+    """The worker's command line; ``extra``: more worker arguments (``--optimizer adam``, ``--lr``)."""
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "compare_worker.py"), "--framework", fw,
            "--workload", workload, "--compression", compression, "--epochs", str(args.epochs),
-           "--steps", str(args.exchange_steps if workload == "exchange" else args.steps)]
+           "--steps", str(args.exchange_steps if workload == "exchange" else args.steps), *extra]
     return cmd + (["--wire"] if wire else [])
 
 
@@ -77,11 +79,11 @@ def worker_env() -> dict:
     return env
 
 
-def run_one(fw, workload, compression, rate, workers, args, emulate: bool) -> dict:
+def run_one(fw, workload, compression, rate, workers, args, emulate: bool, extra: tuple = ()) -> dict:
     """One Horovod job; its RESULT line, or a row saying why it failed."""
     row = {"workload": workload, "framework": fw, "compression": compression, "rate": rate,
            "workers": workers}
-    command = worker_command(fw, workload, compression, args, wire=emulate)
+    command = worker_command(fw, workload, compression, args, wire=emulate, extra=extra)
     try:
         if emulate:
             with cluster.EmulatedCluster(workers, rate) as net:

@@ -38,8 +38,19 @@ def parse_args(argv=None):
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=60, help="steps per epoch, per worker")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                        help="sgd: the workload's SGD (with its momentum); adam: Adam, lr 1e-3")
+    parser.add_argument("--lr", type=float, default=None,
+                        help="learning rate (default: the workload's for sgd, 1e-3 for adam)")
     parser.add_argument("--wire", action="store_true", help="read eth0's byte counters (emulated host)")
     return parser.parse_args(argv)
+
+
+ADAM_LR = 1e-3
+
+
+def learning_rate(args, cfg) -> float:
+    return args.lr if args.lr is not None else (ADAM_LR if args.optimizer == "adam" else cfg["lr"])
 
 
 def median_time(fn, repeats: int) -> float:
@@ -112,7 +123,7 @@ def run_torch(args, spec):
             layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
             width = h
         model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
-        base = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"])
+        base = torch_optimizer(args, model.parameters(), learning_rate(args, cfg), cfg["momentum"])
 
         def batch():
             idx = rng.integers(0, len(train_x), cfg["batch"])
@@ -145,7 +156,7 @@ def run_torch(args, spec):
                 return self.out(self.lstm(self.embed(x))[0])
 
         model = CharLSTM()
-        base = torch.optim.SGD(model.parameters(), lr=cfg["lr"])
+        base = torch_optimizer(args, model.parameters(), learning_rate(args, cfg), 0.0)
 
         def batch():
             w = torch.from_numpy(train[rng.integers(0, len(train), cfg["batch"])])
@@ -226,6 +237,22 @@ def run_torch(args, spec):
            lambda: hvd.allreduce(torch.zeros(1), name="barrier"))
 
 
+def torch_optimizer(args, params, lr: float, momentum: float):
+    import torch
+
+    if args.optimizer == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    return torch.optim.SGD(params, lr=lr, momentum=momentum)
+
+
+def keras_optimizer(args, lr: float, momentum: float, clip: float | None = None):
+    import keras
+
+    if args.optimizer == "adam":
+        return keras.optimizers.Adam(lr, global_clipnorm=clip)
+    return keras.optimizers.SGD(lr, momentum=momentum, global_clipnorm=clip)
+
+
 def dense_bytes(grads, spec) -> int:
     """What a worker puts into Horovod's allreduce per step without grace."""
     n = sum(int(np.prod(g.shape)) for g in grads)
@@ -254,7 +281,7 @@ def run_tf(args, spec):
         model = keras.Sequential([keras.Input((784,))] +
                                  [keras.layers.Dense(h, activation="relu") for h in cfg["hidden"]] +
                                  [keras.layers.Dense(10)])
-        base = keras.optimizers.SGD(cfg["lr"], momentum=cfg["momentum"])
+        base = keras_optimizer(args, learning_rate(args, cfg), cfg["momentum"])
         xent = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
         def batch():
@@ -278,7 +305,7 @@ def run_tf(args, spec):
                                   keras.layers.Embedding(vocab, cfg["embed"]),
                                   keras.layers.LSTM(cfg["hidden"], return_sequences=True),
                                   keras.layers.Dense(vocab)])
-        base = keras.optimizers.SGD(cfg["lr"])
+        base = keras_optimizer(args, learning_rate(args, cfg), 0.0, workloads.LSTM["clip"])
         xent = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
         def batch():
@@ -314,21 +341,27 @@ def run_tf(args, spec):
         variables = model.trainable_variables
     # Horovod's tape needs tf.Variables (it calls .ref()); a Keras 3 variable holds one in .value.
     watched = [v.value if isinstance(v, keras.Variable) else v for v in variables]
-    clip = workloads.LSTM["clip"] if args.workload == "lstm" else None
     pipeline = grace.from_params(spec) if isinstance(spec, dict) else None
-    compression = (hvd.Compression.fp16 if spec == "hvd-fp16" else pipeline) or hvd.Compression.none
+    # grace's compressions go through the Keras optimizer wrapper, which sees the optimizer and can
+    # take its momentum over (as a Keras user's model.fit does); Horovod's own baselines through its
+    # tape (its Keras optimizer does not average on Keras 3). Gradients are clipped after they are
+    # combined in both (the optimizer's global_clipnorm), as the PyTorch runs do.
+    dist_opt = hvd.DistributedOptimizer(base, compression=pipeline) if pipeline is not None else base
+    compression = hvd.Compression.fp16 if spec == "hvd-fp16" else hvd.Compression.none
 
     def make_step(distributed):
+        optimizer = dist_opt if distributed else base
+
         @tf.function
         def step(*data):
             with tf.GradientTape() as tape:
                 loss = loss_of(*data)
-            if distributed:
+            if distributed and pipeline is None:
                 tape = hvd.DistributedGradientTape(tape, compression=compression, sparse_as_dense=True)
             grads = tape.gradient(loss, watched)
-            if clip:
-                grads, _ = tf.clip_by_global_norm(grads, clip)
-            base.apply(grads, variables)
+            if distributed and pipeline is not None:
+                grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+            optimizer.apply(grads, variables)
             return grads
         return step
 

@@ -31,11 +31,39 @@ def with_residual(choose):
     return compress
 
 
-def topk_with_residual(ratio):
-    """Top-k of (gradient + residual) by magnitude."""
+def with_velocity(choose, momentum, nesterov=False, mask=False):
+    """Error feedback on the velocity (the ``momentum`` memory; with ``mask``, DGC's): each worker
+    keeps ``u = momentum * u + g`` and compresses ``e + u`` (``e + g + momentum * u`` with
+    Nesterov); ``e`` keeps what was not sent; DGC's masking zeroes ``u`` where entries were sent."""
+    residuals, velocities = {}, {}
+
+    def compress(name, rank, step, g):
+        key = (name, rank)
+        u = momentum * velocities.get(key, 0.0) + g
+        velocities[key] = u
+        c = residuals.get(key, 0.0) + (g + momentum * u if nesterov else u)
+        flat = c.reshape(-1)
+        keep = choose(name, step, flat)
+        sent = np.zeros_like(flat)
+        sent[keep] = flat[keep]
+        sent = sent.reshape(c.shape)
+        residuals[key] = c - sent
+        if mask:
+            velocities[key] = np.where(sent != 0, 0.0, u)
+        return sent
+    return compress
+
+
+def largest(ratio):
+    """Top-k's choice: the ``ratio`` of entries of largest magnitude."""
     def choose(name, step, flat):
         return np.argsort(-np.abs(flat), kind="stable")[:max(1, int(ratio * flat.size))]
-    return with_residual(choose)
+    return choose
+
+
+def topk_with_residual(ratio):
+    """Top-k of (gradient + residual) by magnitude."""
+    return with_residual(largest(ratio))
 
 
 def randomk_with_residual(ratio, seed):
@@ -59,10 +87,11 @@ def fp16_sum(values):
 
 
 def simulate(compress=None, workers=2, steps=10, average=True, passes=1, clip=None, adam=False,
-             fp16=False, ranks=None):
+             fp16=False, ranks=None, momentum=None, nesterov=False):
     """Final (W, b) of data-parallel training of common.py's model. ``compress(name, rank, step, g)``
     is applied to W's gradient (b is below the size threshold and travels dense). ``ranks`` chooses
-    whose data the workers train on (default: ``range(workers)``)."""
+    whose data the workers train on (default: ``range(workers)``). ``momentum``: SGD's momentum on
+    the combined gradient of each tensor, e.g. ``{"w": 0.0, "b": 0.9}`` (Nesterov's if asked)."""
     ranks = list(range(workers)) if ranks is None else list(ranks)
     workers = len(ranks)
     w, b = (a.astype(np.float64) for a in init_weights(0))
@@ -91,6 +120,13 @@ def simulate(compress=None, workers=2, steps=10, average=True, passes=1, clip=No
             norm = np.sqrt((gw**2).sum() + (gb**2).sum())
             factor = min(1.0, clip / (norm + 1e-6))
             gw, gb = gw * factor, gb * factor
+        if momentum:
+            for key, g in (("w", gw), ("b", gb)):
+                m[key] = momentum[key] * m[key] + g
+                if key == "w":
+                    gw = gw + momentum[key] * m[key] if nesterov else m[key]
+                else:
+                    gb = gb + momentum[key] * m[key] if nesterov else m[key]
         if adam:
             t += 1
             updates = {}

@@ -13,6 +13,7 @@ import torch
 import grace
 from grace.backends import InProcessGroup
 from grace.compressors import CATALOGUE
+from grace.compressors import topk as topk_module
 from grace.compressors.dgc import WARMUP_RATIOS
 from grace.compressors.u8bit import TABLE
 
@@ -52,18 +53,34 @@ DRAWS = 2000
 def test_qsgd_is_unbiased(tensor):
     x = gaussian(300, 1)
     s = 3
-    mean = mean_of_draws(grace.qsgd(s).compressor, x, tensor, DRAWS)
-    # One element: norm/s times a Bernoulli variable, variance <= (norm/s)^2 / 4.
+    mean = mean_of_draws(grace.qsgd(s, bucket_size=0).compressor, x, tensor, DRAWS)
+    # One bucket for the tensor. One element: norm/s times a Bernoulli variable, variance <=
+    # (norm/s)^2 / 4.
     bound = 5 * np.linalg.norm(x) / s / 2 / math.sqrt(DRAWS)
     assert np.abs(mean - x).max() < bound
 
 
-def test_terngrad_is_unbiased(tensor):
+@pytest.mark.parametrize("clip", [2.5, None])
+def test_terngrad_is_unbiased_for_the_clipped_gradient(tensor, clip):
     x = gaussian(300, 2)
-    mean = mean_of_draws(grace.terngrad().compressor, x, tensor, DRAWS)
+    x[7] = 9.0  # an outlier that 2.5 root-mean-squares clip
+    compressor = grace.terngrad(clip=clip).compressor
+    mean = mean_of_draws(compressor, x, tensor, DRAWS)
+    rms = np.sqrt(np.mean(x.astype(np.float64) ** 2))
+    scale = np.abs(x).max() if clip is None else min(np.abs(x).max(), clip * rms)
+    assert (scale < 9.0) == (clip is not None)
     # One element: scale times a Bernoulli variable, variance <= scale^2 / 4.
-    bound = 5 * np.abs(x).max() / 2 / math.sqrt(DRAWS)
-    assert np.abs(mean - x).max() < bound
+    bound = 5 * scale / 2 / math.sqrt(DRAWS)
+    assert np.abs(mean - np.clip(x, -scale, scale)).max() < bound
+
+
+def test_qsgd_is_unbiased_per_bucket(tensor):
+    x = gaussian(1300, 6)  # three buckets of 512, the last one ragged
+    s = 3
+    mean = mean_of_draws(grace.qsgd(s, bucket_size=512).compressor, x, tensor, DRAWS)
+    # One element: its bucket's norm / s times a Bernoulli variable, variance <= (norm / s)^2 / 4.
+    norms = np.repeat([np.linalg.norm(x[i:i + 512]) for i in range(0, 1300, 512)], 512)[:1300]
+    assert np.all(np.abs(mean - x) < 5 * norms / s / 2 / math.sqrt(DRAWS))
 
 
 def test_natural_compression_is_unbiased_and_within_a_factor_of_two(tensor):
@@ -90,7 +107,7 @@ def test_workers_draw_independently():
 # --- exactness and error bounds -------------------------------------------------------------------
 @pytest.mark.parametrize("warmup", [0, 3])
 def test_dgc_sends_exactly_the_top_k_and_warms_up(tensor, warmup):
-    pipeline = grace.dgc(0.01, warmup_steps=warmup, memory="none", sample_ratio=0.05)
+    pipeline = grace.dgc(0.01, sparsity_warmup_steps=warmup, memory="none", sample_ratio=0.05)
     compressor = pipeline.compressor
     x = gaussian(20_000, 5)
     expected_ratios = ([0.25] * 3 + [0.0625] * 3 + [0.015625] * 3 + [0.01] * 3) if warmup else [0.01] * 12
@@ -104,7 +121,8 @@ def test_dgc_sends_exactly_the_top_k_and_warms_up(tensor, warmup):
     assert WARMUP_RATIOS == (0.25, 0.0625, 0.015625, 0.004, 0.001)
 
 
-def test_dgc_memory_momentum_correction_and_masking():
+def test_dgc_memory_momentum_correction_and_masking(monkeypatch):
+    monkeypatch.setattr(topk_module, "MIN_KEPT", 1)  # k = 1 of 4: the masking worked by hand
     pipeline = grace.dgc(0.25, momentum=0.5)
     memory, compressor = pipeline.memory, pipeline.compressor
     from grace.backends import NumpyOps
@@ -273,15 +291,17 @@ def test_bit_counts_of_payloads(tensor, numel):
     assert nbytes(grace.efsignsgd()) == [4, math.ceil(numel / 8)]
     assert nbytes(grace.onebit()) == [8, math.ceil(numel / 8)]
     assert nbytes(grace.terngrad()) == [4, math.ceil(numel * 2 / 8)]
-    assert nbytes(grace.qsgd(1)) == [4, math.ceil(numel * 2 / 8)]   # s = 1: 2 bits
-    assert nbytes(grace.qsgd(3)) == [4, math.ceil(numel * 3 / 8)]   # 1 + ceil(log2 4)
-    assert nbytes(grace.qsgd(127)) == [4, numel]                     # 1 + 7 bits
+    norms = 4 * math.ceil(numel / 512)                                 # one per bucket of 512
+    assert nbytes(grace.qsgd(1)) == [norms, math.ceil(numel * 2 / 8)]   # s = 1: 2 bits
+    assert nbytes(grace.qsgd(3)) == [norms, math.ceil(numel * 3 / 8)]   # 1 + ceil(log2 4)
+    assert nbytes(grace.qsgd(127)) == [norms, numel]                     # 1 + 7 bits
+    assert nbytes(grace.qsgd(3, bucket_size=0)) == [4, math.ceil(numel * 3 / 8)]
     assert nbytes(grace.natural()) == [numel, math.ceil(numel / 8)]  # 8 + 1 bits
     assert nbytes(grace.u8bit()) == [4, numel]
     assert nbytes(grace.sketch(64)) == [64 * 4, numel]
-    k = max(1, int(0.01 * numel))
+    k = min(numel, max(16, int(0.01 * numel)))                         # at least 16 (kept)
     assert nbytes(grace.topk(0.01)) == [4 * k, 4 * k]                # int32 indices
-    assert nbytes(grace.randomk(0.01)) == [4 * k]
+    assert nbytes(grace.randomk(0.01)) == [4 * max(1, int(0.01 * numel))]  # no floor: values only
     assert nbytes(grace.fp16()) == [2 * numel]
 
 

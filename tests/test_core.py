@@ -10,6 +10,7 @@ import grace
 from frameworks.torch.ops import TorchOps
 from grace.backends import InProcessGroup, NumpyOps
 from grace.compressors import FP16, NoneCompressor, RandomK, TopK
+from grace.compressors.topk import MIN_KEPT, kept
 from grace.memories import ResidualMemory
 
 BACKENDS = {"numpy": lambda a: a, "torch": torch.from_numpy}
@@ -36,7 +37,7 @@ def test_topk_keeps_exactly_the_k_largest_magnitudes(tensor, ratio):
     x = np.random.default_rng(0).standard_normal((37, 29)).astype(np.float32)
     compressor = TopK(ratio)
     payload, ctx = compressor.compress(tensor(x), "w")
-    k = max(1, int(ratio * x.size))
+    k = kept(ratio, x.size)
     values, indices = (as_numpy(p) for p in payload)
     assert values.shape == (k,) and indices.dtype == np.int32
     assert len(set(indices.tolist())) == k
@@ -49,8 +50,10 @@ def test_topk_keeps_exactly_the_k_largest_magnitudes(tensor, ratio):
     np.testing.assert_array_equal(out, expected)
 
 
-def test_topk_k_is_at_least_one():
-    assert TopK(0.01).k(50) == 1 and TopK(0.01).k(1000) == 10
+def test_topk_keeps_at_least_sixteen_entries_of_a_tensor():
+    assert MIN_KEPT == 16
+    assert TopK(0.01).k(10) == 10 and TopK(0.01).k(50) == 16 and TopK(0.01).k(1000) == 16
+    assert TopK(0.01).k(5000) == 50 and TopK(0.001).k(1280) == 16
 
 
 @pytest.mark.parametrize("compressor", [TopK(0.1), RandomK(0.1, seed=5), FP16(), NoneCompressor()],
@@ -196,5 +199,5 @@ def test_stats_count_allgather_lengths_header():
         fixed_size = False
 
     pipeline = grace.Pipeline(VariableTopK(0.1), ResidualMemory(), Allgather(), min_numel=0)
-    results, _ = run_workers(lambda: pipeline, [np.ones(100, np.float32)])
-    assert pipeline.stats()["bytes_sent"] == 10 * 8 + 8
+    results, _ = run_workers(lambda: pipeline, [np.ones(200, np.float32)])
+    assert pipeline.stats()["bytes_sent"] == 20 * 8 + 8

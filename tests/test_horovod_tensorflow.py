@@ -81,3 +81,54 @@ def test_horovod_own_keras_optimizer_does_not_average_on_keras3(tf_run):
 @pytest.mark.parametrize("name", grace.available())
 def test_every_compressor_trains_on_two_workers(tf_run, name):
     assert_trains_alike(tf_run, name)
+
+
+# --- the optimizer's momentum taken over (grace.momentum) ----------------------------------------
+def test_keras_sgd_momentum_is_taken_over_by_dgc(tf_run):
+    from test_momentum import DENSE_MOMENTUM, M
+
+    infos = check(tf_run, "keras_dgc_momentum", reference.simulate(
+        reference.with_velocity(reference.largest(0.05), M, mask=True), momentum=DENSE_MOMENTUM))
+    assert infos[0]["optimizer_momentum"] == 0.0
+
+
+def test_tf1_momentum_is_turned_off_for_randomk(tf_run):
+    # (Keras names the tensor dense/kernel and transposes it: random-k's indices would differ from
+    # the numpy model's, which draws them for "weight".)
+    from test_momentum import DENSE_MOMENTUM
+
+    check(tf_run, "legacy_randomk_momentum", reference.simulate(
+        reference.randomk_with_residual(0.05, 3), momentum=DENSE_MOMENTUM))
+
+
+def test_tf1_momentum_optimizer_is_taken_over_by_dgc(tf_run):
+    from test_momentum import DENSE_MOMENTUM, M
+
+    check(tf_run, "legacy_dgc_momentum", reference.simulate(
+        reference.with_velocity(reference.largest(0.05), M, mask=True), momentum=DENSE_MOMENTUM))
+
+
+def test_warmup_under_tf_function_switches_from_dense_to_compressed(tf_run):
+    """The tape sees no optimizer: DGC applies its own momentum (0.9) to W once compression starts,
+    and the four warm-up steps are plain dense SGD, chosen inside the traced graph."""
+    residuals, velocities = {}, {}
+
+    def compress(name, rank, step, g):
+        if step < 4:
+            return g
+        key = (name, rank)
+        u = 0.9 * velocities.get(key, 0.0) + g
+        c = residuals.get(key, 0.0) + u
+        flat = c.reshape(-1)
+        keep = np.argsort(-np.abs(flat), kind="stable")[:64]
+        sent = np.zeros_like(flat)
+        sent[keep] = flat[keep]
+        sent = sent.reshape(c.shape)
+        residuals[key] = c - sent
+        velocities[key] = np.where(sent != 0, 0.0, u)
+        return sent
+
+    infos = check(tf_run, "tape_function_dgc_warmup", reference.simulate(compress))
+    assert infos[0]["traces"] == 2  # traced once (plus TensorFlow's variable-creating trace)
+    # Four dense exchanges of W and b, then six of W's 64 values and indices and b dense.
+    assert infos[0]["stats"]["bytes_sent"] == 4 * (1288 * 4) + 6 * (64 * 8 + 8 * 4)

@@ -14,6 +14,7 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
+from frameworks.tensorflow.momentum import take_keras_momentum
 from frameworks.tensorflow.reduce import make_reduce_grads
 from grace.pipeline import Pipeline
 
@@ -66,7 +67,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     reduce_grads = make_reduce_grads(compression, op, gradient_predivide_factor, sparse_as_dense,
                                      process_set)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), {"apply": _apply})
-    config = optimizer.get_config()
+    config = take_keras_momentum(optimizer.__class__, optimizer.get_config(), compression, process_set)
     if name is not None:
         config["name"] = name
     wrapped = cls.from_config(config)

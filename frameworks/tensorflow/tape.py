@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import horovod.tensorflow as hvd
 
+from frameworks.tensorflow.momentum import take_legacy_momentum
 from frameworks.tensorflow.reduce import make_reduce_grads
 from grace.pipeline import Pipeline
 
@@ -68,6 +69,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                                sparse_as_dense, gradient_predivide_factor, op,
                                backward_passes_per_step, average_aggregated_gradients, num_groups,
                                groups, process_set, scale_local_gradients)
+    take_legacy_momentum(optimizer, compression, process_set)
     reduce_grads = make_reduce_grads(compression, op, gradient_predivide_factor, sparse_as_dense,
                                      process_set)
     wrapped = original(optimizer, *args, hvd.Compression.none, sparse_as_dense,

@@ -9,6 +9,7 @@ parameter's gradient hook while the backward pass goes on, ``step()`` waits for 
 
 from __future__ import annotations
 
+import logging
 import warnings
 from contextlib import contextmanager
 from typing import Iterable
@@ -21,6 +22,7 @@ from frameworks.process_set import gather_objects
 from frameworks.torch.collectives import HorovodCollectives
 from frameworks.torch.ops import TorchOps
 from grace import agreement
+from grace.momentum import OptimizerMomentum
 from grace.pipeline import Pipeline
 
 _OPS = TorchOps()
@@ -223,6 +225,42 @@ class _AsIs:
         self.handle, self.tensor = handle, tensor
 
 
+def _one_value(optimizer, key: str):
+    """A param-group setting that must be the same in every group for grace to take it over."""
+    values = {repr(group[key]) for group in optimizer.param_groups}
+    if len(values) > 1:
+        raise ValueError(f"{type(optimizer).__name__}'s {key} differs between param groups "
+                         f"({', '.join(sorted(values))}); the compression applies one momentum to "
+                         f"every tensor: use one value")
+    return optimizer.param_groups[0][key]
+
+
+def _take_momentum(optimizer, compression: Pipeline, process_set) -> None:
+    """Hand ``torch.optim.SGD``'s momentum (or Adam's ``betas[0]``) to a compressor that applies the
+    momentum itself, and set the optimizer's to 0 (see ``grace.momentum``)."""
+    adam = isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW))
+    if isinstance(optimizer, torch.optim.SGD):
+        found = OptimizerMomentum(float(_one_value(optimizer, "momentum")),
+                                  bool(_one_value(optimizer, "nesterov")),
+                                  float(_one_value(optimizer, "dampening")), "torch.optim.SGD's momentum")
+    elif adam:
+        beta1 = float(_one_value(optimizer, "betas")[0])
+        found = OptimizerMomentum(beta1, dampening=beta1,
+                                  source=f"torch.optim.{type(optimizer).__name__}'s betas[0]")
+    else:
+        return
+    line = compression.take_momentum(found, adam=adam)
+    if line is None:
+        return
+    for group in optimizer.param_groups:
+        if adam:
+            group["betas"] = (0.0, group["betas"][1])
+        else:
+            group["momentum"], group["nesterov"], group["dampening"] = 0.0, False, 0.0
+    if process_set.included() and process_set.rank() == 0:
+        logging.getLogger("grace").warning(line)
+
+
 def _parameter_names(param_groups, named_parameters) -> dict:
     if named_parameters is not None:
         named_parameters = list(named_parameters)
@@ -314,6 +352,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         if groups is None:
             groups = num_groups
     _check_groups(groups)
+    _take_momentum(optimizer, compression, process_set)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_GraceDistributedOptimizer.__dict__))
     # hvd.broadcast_optimizer_state recognises Horovod's wrappers by their module and then steps

@@ -1,61 +1,63 @@
 from __future__ import annotations
 
 from grace.compressor import Seeded, compute_dtype
-from grace.compressors.topk import TopK
+from grace.compressors.topk import TopK, kept
 from grace.ops import index_dtype
 from grace.validation import check_int, check_ratio
 
 WARMUP_RATIOS = (0.25, 0.0625, 0.015625, 0.004, 0.001)
 """DGC's sparsity warm-up: 75%, 93.75%, 98.4375%, 99.6%, then 99.9% (or ``ratio``) of each
-gradient stays local, one stage per ``warmup_steps`` steps."""
+gradient stays local, one stage per ``sparsity_warmup_steps`` steps."""
 
 
 class DGC(Seeded, TopK):
     """Deep Gradient Compression: top-k with a threshold estimated on a random sample. The magnitude
     that keeps ``ratio`` of a ``sample_ratio`` sample (lowered by 20%) selects candidates, and exactly
     the k largest of them are sent (or of the whole tensor, should too few pass), as values and int32
-    indices. Its ``dgc`` memory adds momentum correction, local gradient clipping and momentum factor
-    masking; ``warmup_steps`` > 0 raises sparsity in stages (``WARMUP_RATIOS``) over the first steps.
-    Lin et al., "Deep Gradient Compression: Reducing the Communication Bandwidth for Distributed
-    Training", ICLR 2018. Use it with plain SGD: the momentum is applied here, before compression."""
+    indices; k is at least 16 (``kept``). Its ``dgc`` memory adds momentum correction, local gradient clipping and momentum factor
+    masking, with the wrapped optimizer's momentum taken over so that it applies once;
+    ``sparsity_warmup_steps`` > 0 raises sparsity in stages (``WARMUP_RATIOS``) over the first
+    steps. Lin et al., "Deep Gradient Compression: Reducing the Communication Bandwidth for
+    Distributed Training", ICLR 2018."""
 
     name = "dgc"
     default_memory = "dgc"
     default_communicator = "allgather"
 
-    def __init__(self, ratio: float = 0.001, sample_ratio: float = 0.01, warmup_steps: int = 0,
-                 seed: int = 0):
+    def __init__(self, ratio: float = 0.001, sample_ratio: float = 0.01,
+                 sparsity_warmup_steps: int = 0, seed: int = 0):
         super().__init__(ratio)
         self.sample_ratio = check_ratio("sample_ratio", sample_ratio)
-        self.warmup_steps = check_int("warmup_steps", warmup_steps, minimum=0)
+        self.sparsity_warmup_steps = check_int("sparsity_warmup_steps", sparsity_warmup_steps,
+                                               minimum=0)
         self._init_seed(seed)
 
     def params(self):
         return {"ratio": self.ratio, "sample_ratio": self.sample_ratio,
-                "warmup_steps": self.warmup_steps, "seed": self.seed}
+                "sparsity_warmup_steps": self.sparsity_warmup_steps, "seed": self.seed}
 
     def ratio_at(self, step: int) -> float:
         """The fraction sent at ``step`` (0-based), following the warm-up schedule."""
-        if self.warmup_steps == 0:
+        if self.sparsity_warmup_steps == 0:
             return self.ratio
-        stage = step // self.warmup_steps
+        stage = step // self.sparsity_warmup_steps
         return max(self.ratio, WARMUP_RATIOS[stage]) if stage < len(WARMUP_RATIOS) else self.ratio
 
     def encode(self, flat, name, ctx, ops):
         n = ctx.numel
         step = self.next_step(name, ops)
-        if self.warmup_steps:
+        if self.sparsity_warmup_steps:
             if not isinstance(step, int):
                 raise ValueError("DGC's sparsity warm-up changes the payload size from stage to "
-                                 "stage; inside tf.function use warmup_steps=0, or run eagerly")
+                                 "stage; inside tf.function use sparsity_warmup_steps=0, or run eagerly")
             ratio = self.ratio_at(step)
         else:
             ratio = self.ratio
-        k = max(1, int(ratio * n))
+        k = kept(ratio, n)
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         m = min(n, max(int(n * self.sample_ratio), 1))
         picked = self.indices(n, m, name, ctx, ops, like=flat, step=step)
-        rank = m - max(1, int(m * ratio))
+        rank = m - max(1, int(m * k / n))
         threshold = ops.scale(ops.order_statistics(ops.abs(ops.gather(x, picked)), [rank]), 0.8)
         candidates = ops.indices_at_least(x, threshold)
         # Every element outside the candidates is smaller than every candidate, so when there are at
@@ -69,4 +71,4 @@ class DGC(Seeded, TopK):
 
     def k(self, numel: int) -> int:
         """The most entries sent at any step (warm-up included), for the dense fallback."""
-        return max(1, int(max(self.ratio_at(0), self.ratio) * numel))
+        return kept(max(self.ratio_at(0), self.ratio), numel)

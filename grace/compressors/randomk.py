@@ -10,11 +10,13 @@ class RandomK(Seeded, Compressor):
     the same ones from a private generator seeded by (``seed``, tensor name, step), so payloads share
     one layout and allreduce can sum them. With ``scale=True`` the values are multiplied by
     ``numel / k``, which makes the estimate unbiased; by default the dropped part is kept by error
-    feedback instead. Stich et al., "Sparsified SGD with Memory", NeurIPS 2018."""
+    feedback instead (the ``delayed`` memory, which turns the optimizer's momentum off: momentum on
+    updates delayed ~1/ratio steps diverges). Stich et al., "Sparsified SGD with Memory", NeurIPS
+    2018."""
 
     name = "randomk"
     summable = True
-    default_memory = "residual"
+    default_memory = "delayed"
     default_communicator = "allreduce"
 
     def __init__(self, ratio: float = 0.01, seed: int = 0, scale: bool = False):

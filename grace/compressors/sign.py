@@ -4,9 +4,10 @@ element, packed eight to a byte, plus at most two scalars."""
 from __future__ import annotations
 
 import math
+import warnings
 
 from grace.compressor import Compressor, compute_dtype, numel_of
-from grace.validation import check_fraction
+from grace.momentum import OwnsMomentum
 
 
 def _split(bits_and_sums, ops):
@@ -21,6 +22,35 @@ def _signs(packed, ctx, ops, dtype, scale=None):
     if scale is not None:
         values = ops.mul(values, ops.cast(scale, dtype))
     return ops.unpack_values(packed, 1, ctx.numel, ops.cast(values, ctx.dtype))
+
+
+LEARNING_RATE = 3e-4
+"""The step per element measured to train with signSGD and signum (mnist's MLP, docs/quality.md).
+Their update is ``±lr`` per element, as Adam's about is, so an Adam-sized rate fits, and SGD's usual
+0.01-0.1, 50-300 times larger per element than the gradients themselves, diverges."""
+
+
+def learning_rate(momentum_in_optimizer: float = 0.0) -> float:
+    """The learning rate for signSGD and signum: ``LEARNING_RATE``, divided down by the optimizer's
+    momentum where it still applies to the votes (signSGD with SGD's momentum, whose steady state
+    is ``lr / (1 - momentum)``; signum takes SGD's and Adam's momentum over, and Adam normalizes)."""
+    return LEARNING_RATE * (1.0 - momentum_in_optimizer)
+
+
+_WARNED: set = set()
+
+
+def _warn_learning_rate(name: str) -> None:
+    """Once per process: the learning rate a sign method needs."""
+    if name in _WARNED:
+        return
+    _WARNED.add(name)
+    warnings.warn(
+        f"grace.{name}: each element's update is +-lr whatever the gradient's size, so SGD's usual "
+        f"learning rates (0.01-0.1) diverge; use an Adam-sized one: about {LEARNING_RATE:g} with Adam"
+        + (" or SGD (grace takes SGD's momentum over)" if name == "signum" else
+           f", {learning_rate(0.9):g} with SGD's momentum 0.9 (it applies to the votes)")
+        + " (see docs/catalogue.md)", UserWarning, stacklevel=4)
 
 
 def _bits_nbytes(shape):
@@ -39,6 +69,9 @@ class SignSGD(Compressor):
     name = "signsgd"
     default_communicator = "allgather"
 
+    def __init__(self):
+        _warn_learning_rate(self.name)
+
     def encode(self, flat, name, ctx, ops):
         return [ops.sign_bits(flat)]
 
@@ -53,24 +86,38 @@ class SignSGD(Compressor):
         return _bits_nbytes(shape)
 
 
-class Signum(SignSGD):
+class Signum(OwnsMomentum, SignSGD):
     """signum: signSGD applied to momentum. Each worker keeps, per tensor, ``m = beta * m + (1 -
-    beta) * g`` and sends ``sign(m)``; votes are combined by majority. Bernstein et al., "signSGD:
-    Compressed Optimisation for Non-Convex Problems", ICML 2018."""
+    beta) * g`` and sends ``sign(m)`` (``sign(beta * m + (1 - beta) * g)`` with Nesterov); votes are
+    combined by majority. ``beta`` is the wrapped optimizer's momentum, taken over so that it
+    applies once (``grace.momentum``; Adam's ``beta_1`` too), else 0.9. The update is ``±lr`` per
+    element whatever the gradient's size: use an Adam-sized learning rate (see ``LEARNING_RATE``).
+    Bernstein et al., "signSGD: Compressed Optimisation for Non-Convex Problems", ICML 2018."""
 
     name = "signum"
+    default_momentum = 0.9
+    momentum_param = "beta"
+    takes_adam_beta1 = True
 
-    def __init__(self, beta: float = 0.9):
-        self.beta = check_fraction("beta", beta)
-        self.momentum: dict = {}
+    def __init__(self, beta: float | None = None, nesterov: bool = False):
+        self._init_momentum(beta, nesterov)
+        self.momentum_buffers: dict = {}
+        _warn_learning_rate(self.name)
+
+    @property
+    def beta(self) -> float:
+        return self.momentum
 
     def params(self):
-        return {"beta": self.beta}
+        return {"beta": self.beta, "nesterov": self.nesterov}
 
     def encode(self, flat, name, ctx, ops):
-        momentum = ops.load(self.momentum, name, like=flat)
+        # sign() ignores a positive scale, so the optimizer's dampening does not matter here.
+        momentum = ops.load(self.momentum_buffers, name, like=flat)
         momentum = ops.scaled_sum(momentum, self.beta, flat, 1.0 - self.beta)
-        ops.save(self.momentum, name, momentum)
+        ops.save(self.momentum_buffers, name, momentum)
+        if self.nesterov:
+            momentum = ops.scaled_sum(momentum, self.beta, flat, 1.0 - self.beta)
         return [ops.sign_bits(momentum)]
 
 

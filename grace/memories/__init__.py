@@ -1,9 +1,11 @@
 """Memories: what error feedback keeps between steps."""
 
 from grace.memories.dgc import DGCMemory
+from grace.memories.momentum import MomentumMemory
 from grace.memories.none import NoneMemory
-from grace.memories.residual import EFSignSGDMemory, PowerSGDMemory, ResidualMemory
+from grace.memories.residual import DelayedResidualMemory, EFSignSGDMemory, PowerSGDMemory, ResidualMemory
 
-MEMORIES = (NoneMemory, ResidualMemory, EFSignSGDMemory, PowerSGDMemory, DGCMemory)
+MEMORIES = (NoneMemory, ResidualMemory, MomentumMemory, DelayedResidualMemory, EFSignSGDMemory,
+            PowerSGDMemory, DGCMemory)
 
 __all__ = [cls.__name__ for cls in MEMORIES] + ["MEMORIES"]

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from grace.memory import Memory
+from grace.momentum import OptimizerMomentum, OwnsMomentum
 
 
 class ResidualMemory(Memory):
@@ -35,3 +36,32 @@ class PowerSGDMemory(ResidualMemory):
     ``P Q_localᵀ`` leaves out is added to the next step's gradient. Vogels et al., NeurIPS 2019."""
 
     name = "powersgd"
+
+
+class DelayedResidualMemory(OwnsMomentum, ResidualMemory):
+    """Error feedback for a sparsifier that picks its entries at random (random-k): an element is
+    sent only about every ``1 / ratio`` steps, with all it accumulated meanwhile. Momentum on such
+    delayed updates, whether the optimizer's after the exchange or a velocity compressed before it,
+    multiplies each burst by ``1 / (1 - momentum)`` and diverges (measured: mnist's MLP, random-k
+    1%, momentum 0.9, from the first epoch; momentum 0 trains to within a point of uncompressed
+    momentum SGD, docs/quality.md). So the wrapped optimizer's momentum is taken over and not
+    applied; the learning rate is left as it is. Stich et al., "Sparsified SGD with Memory",
+    NeurIPS 2018 (its analysis is of plain SGD)."""
+
+    name = "delayed"
+
+    def __init__(self):
+        super().__init__()
+        self._init_momentum(None)
+        self.turned_off = 0.0
+
+    def take_momentum(self, found: OptimizerMomentum) -> None:
+        self.turned_off = found.momentum  # self.momentum stays 0
+
+    def takeover_line(self, found: OptimizerMomentum, compressor: str) -> str:
+        return (f"grace: {compressor} turns {found.source} ({found.momentum}) off: its error "
+                f"feedback delays each element about 1/ratio steps, and momentum on those delayed "
+                f"updates diverges (docs/quality.md); the learning rate is unchanged")
+
+    def __repr__(self):
+        return f"DelayedResidualMemory(turned_off={self.turned_off!r})"

@@ -68,22 +68,24 @@ def tape_training(name, compression, use_function, lr=LR):
     save(name, w.numpy(), b.numpy(), compression.stats(), traces=len(traces))
 
 
-def legacy_optimizer(name, compression):
+def legacy_optimizer(name, compression, momentum=0.0):
     w, b = variables()
-    opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(LR),
-                                   compression=compression)
+    base = tf.compat.v1.train.MomentumOptimizer(LR, momentum) if momentum else \
+        tf.compat.v1.train.GradientDescentOptimizer(LR)
+    opt = hvd.DistributedOptimizer(base, compression=compression)
     for s in range(args.steps):
         x, y = (tf.constant(a) for a in batch(rank, s))
         opt.minimize(lambda: loss_of(w, b, x, y), var_list=[w, b])
     save(name, w.numpy(), b.numpy(), compression.stats())
 
 
-def keras_fit(name, compression, different_start=True):
+def keras_fit(name, compression, different_start=True, momentum=0.0):
     w, b = init_weights(0)
     model = keras.Sequential([keras.Input((w.shape[1],)), keras.layers.Dense(w.shape[0])])
     start = 0.0 if rank == 0 or not different_start else 1.0  # rank 0's weights are broadcast
     model.layers[0].set_weights([w.T + start, b + start])
-    opt = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(LR), compression=compression)
+    opt = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=momentum),
+                                         compression=compression)
     model.compile(optimizer=opt, loss="mse")  # every other option left at its default
     x = np.concatenate([batch(rank, s)[0] for s in range(args.steps)])
     y = np.concatenate([batch(rank, s)[1] for s in range(args.steps)])
@@ -91,7 +93,8 @@ def keras_fit(name, compression, different_start=True):
               callbacks=[BroadcastGlobalVariablesCallback(0)])
     kernel, bias = model.layers[0].get_weights()
     stats = compression.stats() if isinstance(compression, grace.Pipeline) else None
-    save(name, kernel.T, bias, stats, jit_compile=bool(model.jit_compile))
+    save(name, kernel.T, bias, stats, jit_compile=bool(model.jit_compile),
+         optimizer_momentum=float(model.optimizer.momentum))
 
 
 scenarios = {
@@ -103,6 +106,15 @@ scenarios = {
     "legacy_topk": lambda: legacy_optimizer("legacy_topk", grace.topk(0.05)),
     "keras_topk": lambda: keras_fit("keras_topk", grace.topk(0.05)),
     "keras_horovod_none": lambda: keras_fit("keras_horovod_none", hvd.Compression.none, False),
+    # The optimizer's momentum taken over (grace.momentum): Keras, TF1, and warm-up under tf.function.
+    "keras_dgc_momentum": lambda: keras_fit("keras_dgc_momentum", grace.dgc(0.05, sample_ratio=1.0),
+                                            False, momentum=0.9),
+    "legacy_randomk_momentum": lambda: legacy_optimizer("legacy_randomk_momentum",
+                                                        grace.randomk(0.05, seed=3), momentum=0.9),
+    "legacy_dgc_momentum": lambda: legacy_optimizer("legacy_dgc_momentum",
+                                                    grace.dgc(0.05, sample_ratio=1.0), momentum=0.9),
+    "tape_function_dgc_warmup": lambda: tape_training(
+        "tape_function_dgc_warmup", grace.dgc(0.05, sample_ratio=1.0, warmup_steps=4), True),
 }
 for compressor in grace.available():  # every compressor, traced once in tf.function
     scenarios[f"catalogue_{compressor}"] = (

@@ -23,7 +23,7 @@ import grace  # noqa: E402
 
 RESUMED = {
     "topk": lambda: grace.topk(0.05),
-    "dgc": lambda: grace.dgc(0.05, warmup_steps=2, sample_ratio=0.2),
+    "dgc": lambda: grace.dgc(0.05, sparsity_warmup_steps=2, sample_ratio=0.2),
     "powersgd": lambda: grace.powersgd(rank=2),
     "randomk": lambda: grace.randomk(0.05, seed=3),
     "signum": lambda: grace.signum(),

@@ -1,0 +1,61 @@
+"""The TensorFlow optimizers' momentum, handed to a compressor that applies it itself (see
+``grace.momentum``): Keras 3's ``SGD(momentum=, nesterov=)`` and ``Adam(beta_1=)``, and TF1's
+``MomentumOptimizer`` and ``AdamOptimizer``. ``DistributedGradientTape`` never sees the optimizer:
+with it, give the momentum to the compression (``grace.dgc(momentum=0.9)``) and none to the
+optimizer."""
+
+from __future__ import annotations
+
+import logging
+
+import keras
+import tensorflow as tf
+
+from grace.momentum import OptimizerMomentum
+from grace.pipeline import Pipeline
+
+
+def _log(line: str | None, process_set) -> None:
+    if line is not None and process_set.included() and process_set.rank() == 0:
+        logging.getLogger("grace").warning(line)
+
+
+def take_keras_momentum(optimizer_class, config: dict, compression: Pipeline, process_set) -> dict:
+    """The config of a Keras optimizer to build, with its momentum set to 0 where ``compression``
+    took it over."""
+    if issubclass(optimizer_class, keras.optimizers.SGD):
+        found = OptimizerMomentum(float(config.get("momentum", 0.0)), bool(config.get("nesterov", False)),
+                                  source="keras SGD's momentum")
+        line = compression.take_momentum(found)
+        if line is not None:
+            config = {**config, "momentum": 0.0, "nesterov": False}
+    elif issubclass(optimizer_class, (keras.optimizers.Adam, keras.optimizers.AdamW)):
+        beta1 = float(config.get("beta_1", 0.0))
+        line = compression.take_momentum(OptimizerMomentum(beta1, dampening=beta1,
+                                                        source="keras Adam's beta_1"), adam=True)
+        if line is not None:
+            config = {**config, "beta_1": 0.0}
+    else:
+        return config
+    _log(line, process_set)
+    return config
+
+
+def take_legacy_momentum(optimizer, compression: Pipeline, process_set) -> None:
+    """The same for a TF1 ``tf.compat.v1.train`` optimizer, whose settings are private attributes
+    read when it first applies gradients."""
+    if isinstance(optimizer, tf.compat.v1.train.MomentumOptimizer):
+        found = OptimizerMomentum(float(optimizer._momentum), bool(optimizer._use_nesterov),
+                                  source="MomentumOptimizer's momentum")
+        line = compression.take_momentum(found)
+        if line is not None:
+            optimizer._momentum, optimizer._use_nesterov = 0.0, False
+    elif isinstance(optimizer, tf.compat.v1.train.AdamOptimizer):
+        beta1 = float(optimizer._beta1)
+        line = compression.take_momentum(OptimizerMomentum(beta1, dampening=beta1,
+                                                        source="AdamOptimizer's beta1"), adam=True)
+        if line is not None:
+            optimizer._beta1 = 0.0
+    else:
+        return
+    _log(line, process_set)

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from grace.memories.residual import ResidualMemory
+from grace.momentum import OwnsMomentum
+
+
+class MomentumMemory(OwnsMomentum, ResidualMemory):
+    """Error feedback on the velocity: the worker keeps its momentum ``u = momentum * u + (1 -
+    dampening) * g`` and compresses ``e + u`` (``e + g + momentum * u`` with Nesterov), keeping
+    ``e = (e + u) - decompress(compress(e + u))``; the optimizer then steps without momentum. Summed
+    over steps, what is sent equals the momentum SGD update, but delayed residuals no longer pass
+    through a second momentum, which makes 1-bit SGD and EF-signSGD diverge on the user's momentum
+    SGD. The momentum is the wrapped optimizer's, taken over (``grace.momentum``); with none, this is
+    the ``residual`` memory exactly. Lin et al., "Deep Gradient Compression", ICLR 2018 (momentum
+    correction); Tang et al., "1-bit Adam", ICML 2021 (compressing the momentum with error
+    compensation)."""
+
+    name = "momentum"
+
+    def __init__(self, momentum: float | None = None, nesterov: bool = False, dampening: float = 0.0):
+        super().__init__()
+        self._init_momentum(momentum, nesterov, dampening)
+        self.velocities: dict = {}
+
+    def velocity_step(self, tensor, name, ops):
+        """What momentum SGD would step by this time (and the velocity, saved)."""
+        if self.momentum == 0.0:
+            return tensor if self.dampening == 0.0 else ops.scale(tensor, 1.0 - self.dampening)
+        velocity = ops.load(self.velocities, name, like=tensor)
+        # u starts at 0, so the first step is (1 - dampening) g, as Adam's first moment.
+        velocity = ops.scaled_sum(velocity, self.momentum, tensor, 1.0 - self.dampening)
+        ops.save(self.velocities, name, velocity)
+        if self.nesterov:
+            return ops.scaled_sum(velocity, self.momentum, tensor, 1.0)
+        return velocity
+
+    def compensate(self, tensor, name, ops):
+        return super().compensate(self.velocity_step(tensor, name, ops), name, ops)
+
+    def __repr__(self):
+        params = ", ".join(f"{k}={v!r}" for k, v in self.momentum_params().items())
+        return f"{type(self).__name__}({params})"

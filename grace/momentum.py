@@ -1,0 +1,80 @@
+"""Momentum that an algorithm owns, taken over from the user's optimizer so that it is applied once.
+
+Some algorithms must see the momentum before compression: DGC's momentum correction accumulates
+the velocity, not the gradient, and masks it where entries were sent (Lin et al., ICLR 2018);
+signum sends the sign of the momentum (Bernstein et al., ICML 2018); 1-bit SGD and EF-signSGD
+diverge when error feedback's delayed residuals pass through the optimizer's momentum afterwards,
+and train when the velocity is what they compress (as 1-bit Adam does, Tang et al., ICML 2021).
+Left in the optimizer as well, the momentum would apply twice. A framework wrapper therefore reads
+the wrapped optimizer's momentum (``OptimizerMomentum``), hands it to the pipeline
+(``Pipeline.take_momentum``), and sets the optimizer's own to 0; the user's script is unchanged. The
+tensors that travel dense (below ``min_numel``, or during warm-up) then get the same momentum from
+the pipeline, applied before the exchange (a sum of velocities is the velocity of the sum).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from grace.validation import check_bool, check_fraction
+
+
+@dataclass(frozen=True)
+class OptimizerMomentum:
+    """The momentum a wrapped optimizer would apply: ``u = momentum * u + (1 - dampening) * g``,
+    with Nesterov's look-ahead ``g + momentum * u`` if ``nesterov``. ``source`` says where it was
+    read (``"torch.optim.SGD momentum"``, ``"keras SGD momentum"``, ``"torch.optim.Adam betas[0]"``)."""
+
+    momentum: float
+    nesterov: bool = False
+    dampening: float = 0.0
+    source: str = "the optimizer's momentum"
+
+
+class OwnsMomentum:
+    """For a compressor or memory that applies the momentum itself. ``momentum=None`` (the default)
+    means: the optimizer's, taken over by the wrapper, or ``default_momentum`` when the optimizer
+    has none; an explicit value is used as given, and a wrapped optimizer with momentum of its own
+    is then refused (the momentum would apply twice)."""
+
+    default_momentum: float = 0.0
+    momentum_param: str = "momentum"
+    """The constructor's name for the momentum (signum's is ``beta``)."""
+    takes_adam_beta1: bool = False
+    """Whether Adam's first-moment decay is taken over as well (measured to help signum and DGC:
+    Adam then normalizes the compressed velocity instead of a momentum of it)."""
+
+    def _init_momentum(self, momentum: float | None, nesterov: bool = False,
+                       dampening: float = 0.0) -> None:
+        self.momentum_given = None if momentum is None else check_fraction(self.momentum_param, momentum)
+        self.momentum = self.default_momentum if momentum is None else self.momentum_given
+        self.nesterov = check_bool("nesterov", nesterov)
+        self.dampening = check_fraction("dampening", dampening)
+        if self.nesterov and self.dampening:
+            raise ValueError("nesterov momentum requires dampening=0 (as torch.optim.SGD)")
+
+    def momentum_params(self) -> dict[str, Any]:
+        return {"momentum": self.momentum, "nesterov": self.nesterov, "dampening": self.dampening}
+
+    def takeover_line(self, found: OptimizerMomentum, compressor: str) -> str:
+        """What the wrapper logs once when it hands ``found`` over."""
+        look = ", Nesterov" if found.nesterov else ""
+        return (f"grace: {compressor} applies {found.source} ({found.momentum}{look}) itself, before "
+                f"compression, and the optimizer's is set to 0, so that it applies once")
+
+    def take_momentum(self, found: OptimizerMomentum) -> None:
+        if self.momentum_given is not None:
+            raise ValueError(
+                f"{self.momentum_param}={self.momentum_given} was given to the compression and "
+                f"{found.source} is {found.momentum}: both would apply. Leave {self.momentum_param} "
+                f"unset in grace (it takes the optimizer's over), or set the optimizer's to 0")
+        self.momentum, self.nesterov, self.dampening = found.momentum, found.nesterov, found.dampening
+
+
+def owner(pipeline: Any) -> OwnsMomentum | None:
+    """The part of ``pipeline`` (its memory or its compressor) that applies the momentum, if any."""
+    for part in (pipeline.memory, pipeline.compressor):
+        if isinstance(part, OwnsMomentum):
+            return part
+    return None

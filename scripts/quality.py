@@ -1,0 +1,293 @@
+"""The quality benchmark (``make quality``): does every compressor, at its defaults, reach the accuracy
+of uncompressed training with the optimizer the user already has?
+
+Every compressor of the catalogue and Horovod's own uncompressed allreduce (``fp32``) train, on 2
+real Horovod workers, PyTorch and TensorFlow:
+
+- ``mnist`` (the MLP of ``workloads.py`` on Fashion-MNIST) to convergence, 10 passes over the data,
+  once with its SGD (lr 0.05, momentum 0.9) and once with Adam (lr 1e-3);
+- ``lstm`` (the character LSTM on Shakespeare) with its SGD, until fp32's perplexity plateaus.
+
+signSGD and signum run with the learning rate their docs give (``grace.compressors.sign``); every
+other compressor with the workload's. Reported per run: the final metric and its gap to fp32 of
+the same framework, workload and optimizer, against the target of docs/quality.md; bytes per step;
+the training time until fp32's final metric is reached; and a plot of the metric against epoch,
+one panel per compressor.
+
+    .venv/bin/python scripts/quality.py --out out/quality            # the whole matrix (hours)
+    .venv/bin/python scripts/quality.py --frameworks torch --cases mnist-sgd --compressors fp32,dgc
+    .venv/bin/python scripts/quality.py --from-json out/quality/*.json   # tables and plots only
+
+Runs are on localhost (quality does not depend on the link); each is a ``compare_worker.py`` job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from tqdm import tqdm
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compare  # noqa: E402
+import workloads  # noqa: E402
+
+from grace.compressors import sign  # noqa: E402
+
+# (workload, optimizer) cases, and the budget of each workload: mnist's epoch is one pass over the
+# 60,000 images with 2 workers of 64; the LSTM's budget is where fp32's validation perplexity stops
+# improving (docs/quality.md shows the curve).
+CASES = {"mnist-sgd": ("mnist", "sgd"), "mnist-adam": ("mnist", "adam"), "lstm-sgd": ("lstm", "sgd")}
+BUDGET = {"mnist": (10, 468), "lstm": (10, 300)}
+# The largest gap to fp32 (accuracy points) each compressor should keep on mnist (the issue's
+# targets); perplexity gaps are reported, not judged.
+TARGET_POINTS = {"qsgd": 2.0, "terngrad": 2.0, "signsgd": 3.0, "signum": 3.0}
+DEFAULT_TARGET = 1.0
+SIGN_METHODS = ("signsgd", "signum")
+
+
+def learning_rate(name: str, workload: str, optimizer: str) -> float | None:
+    """The learning rate a run uses: the sign methods' documented one, else the workload's
+    (``None``)."""
+    if name not in SIGN_METHODS:
+        return None
+    momentum = workloads.MNIST["momentum"] if workload == "mnist" and optimizer == "sgd" else 0.0
+    return sign.learning_rate(momentum_in_optimizer=0.0 if name == "signum" else momentum)
+
+
+def compressor_of(compression: str) -> str:
+    return compression if compression in compare.BASELINES else json.loads(compression)["compressor"]
+
+
+def run_matrix(args) -> list[dict]:
+    names = compare.split(args.compressors)
+    compressions = [compare.parse_compression(c) for c in names]
+    cases = [CASES[c] for c in compare.split(args.cases)]
+    frameworks = compare.split(args.frameworks)
+    matrix = [(w, o, fw, c) for (w, o) in cases for fw in frameworks for c in compressions]
+    results = []
+    with tqdm(matrix, desc="quality runs", unit="run") as bar:
+        for workload, optimizer, fw, comp in bar:
+            name = compressor_of(comp)
+            bar.set_postfix_str(f"{workload}-{optimizer} {fw} {name}")
+            epochs, steps = BUDGET[workload]
+            run_args = argparse.Namespace(epochs=epochs, steps=steps, exchange_steps=steps,
+                                          timeout=args.timeout)
+            extra = ["--optimizer", optimizer]
+            lr = learning_rate(name, workload, optimizer)
+            if lr is not None:
+                extra += ["--lr", repr(lr)]
+            row = compare.run_one(fw, workload, comp, None, 2, run_args, emulate=False, extra=tuple(extra))
+            row.update(rate="unshaped (localhost)", optimizer=optimizer, lr=lr)
+            results.append(row)
+            final = row["epochs"][-1] if row["status"] == "ok" else None
+            metric = compare.METRIC[workload][0]
+            bar.write(f"{workload}-{optimizer:4s} {fw:5s} {name:10s} "
+                      + (f"{metric} {final[metric]:.4f}" if final else row["status"]))
+            with open(os.path.join(args.out, "quality.json"), "w") as f:
+                json.dump(results, f, indent=1)  # kept as it goes: a long matrix survives a stop
+    return results
+
+
+# --- tables -------------------------------------------------------------------------------------
+def _final(row: dict) -> float | None:
+    if row.get("status") != "ok":
+        return None
+    return row["epochs"][-1][compare.METRIC[row["workload"]][0]]
+
+
+def _time_to(row: dict, target: float) -> float | None:
+    key, better, _ = compare.METRIC[row["workload"]]
+    for epoch in row.get("epochs", []):
+        if (epoch[key] >= target) if better == "max" else (epoch[key] <= target):
+            return epoch["train_wall_s"]
+    return None
+
+
+def summarize(results: list[dict]) -> list[dict]:
+    """One row per run with its gap to fp32 (same framework, workload, optimizer)."""
+    baseline = {(r["workload"], r.get("optimizer", "sgd"), r["framework"]): _final(r)
+                for r in results if r["compression"] == "fp32"}
+    rows = []
+    for r in results:
+        case = (r["workload"], r.get("optimizer", "sgd"), r["framework"])
+        name = compressor_of(r["compression"])
+        final, ref = _final(r), baseline.get(case)
+        row = {"workload": r["workload"], "optimizer": case[1], "framework": r["framework"],
+               "compressor": name, "lr": r.get("lr"), "status": r.get("status"), "final": final}
+        if final is not None and ref is not None:
+            if r["workload"] == "mnist":
+                row["gap"] = round(100 * (ref - final), 2)  # accuracy points below fp32
+                row["target"] = TARGET_POINTS.get(name, DEFAULT_TARGET)
+                row["met"] = name == "fp32" or row["gap"] <= row["target"]
+            else:
+                row["gap"] = round(100 * (final / ref - 1), 2)  # % of fp32's perplexity above it
+            row["time_to_fp32_s"] = _time_to(r, ref)
+        if r.get("status") == "ok":
+            row["bytes_per_step"] = round(r["bytes_per_step"])
+            row["step_ms"] = round(r["step_s"] * 1e3, 1)
+            row["curve"] = [e[compare.METRIC[r["workload"]][0]] for e in r["epochs"]]
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = []
+    for case in dict.fromkeys((r["workload"], r["optimizer"]) for r in rows):
+        workload, optimizer = case
+        key = compare.METRIC[workload][0]
+        gap = "gap (points)" if workload == "mnist" else "gap (% perplexity)"
+        lines += [f"\n### {workload}, {optimizer}: final {key}",
+                  f"| compressor | lr | torch | torch {gap} | tf | tf {gap} | target | bytes/step "
+                  f"(torch) | step ms (torch, tf) | torch s to fp32's final | tf s to fp32's final |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        by_name: dict = {}
+        for r in rows:
+            if (r["workload"], r["optimizer"]) == case:
+                by_name.setdefault(r["compressor"], {})[r["framework"]] = r
+
+        def cell(r, field, fmt="{}"):
+            if r is None or r.get(field) is None:
+                return "–" if r is None or r.get("status") == "ok" else (r.get("status") or "–")[:40]
+            return fmt.format(r[field])
+
+        for name, fws in by_name.items():
+            t, f = fws.get("torch"), fws.get("tf")
+            any_row = t or f
+            target = any_row.get("target")
+            met = [x.get("met") for x in (t, f) if x is not None and x.get("met") is not None]
+            verdict = "" if target is None or name == "fp32" else \
+                f"≤ {target:g} {'✓' if met and all(met) else '✗'}"
+            lines.append(" | ".join([
+                f"| {name}", cell(any_row, "lr", "{:g}") if any_row.get("lr") else "–",
+                cell(t, "final", "{:.4f}"), cell(t, "gap", "{:+.2f}"), cell(f, "final", "{:.4f}"),
+                cell(f, "gap", "{:+.2f}"), verdict, cell(t, "bytes_per_step", "{:,}"),
+                f"{cell(t, 'step_ms')}, {cell(f, 'step_ms')}", cell(t, "time_to_fp32_s", "{:.0f}"),
+                cell(f, "time_to_fp32_s", "{:.0f}")]) + " |")
+    return "\n".join(lines).lstrip("\n")
+
+
+# --- plot ---------------------------------------------------------------------------------------
+SERIES = {("mnist", "sgd", "torch"): ("tab:blue", "o"), ("mnist", "sgd", "tf"): ("tab:cyan", "s"),
+          ("mnist", "adam", "torch"): ("tab:red", "^"), ("mnist", "adam", "tf"): ("tab:orange", "v"),
+          ("lstm", "sgd", "torch"): ("tab:green", "D"), ("lstm", "sgd", "tf"): ("tab:olive", "P")}
+
+
+def plot(rows: list[dict], path: str) -> str | None:
+    """Small multiples: one panel per compressor, the metric against epoch, one line per framework
+    and optimizer, fp32's curves in grey behind; accuracy (mnist) and perplexity (lstm) side by
+    side in separate figures."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = None
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        ok = [r for r in rows if r["workload"] == workload and r.get("curve")]
+        names = list(dict.fromkeys(r["compressor"] for r in ok))
+        if not names:
+            continue
+        cols = 5
+        lines_ = -(-len(names) // cols)
+        fig, axes = plt.subplots(lines_, cols, figsize=(3.2 * cols, 2.6 * lines_), sharex=True,
+                                 sharey=True, squeeze=False)
+        reference = {(r["optimizer"], r["framework"]): r["curve"] for r in ok if r["compressor"] == "fp32"}
+        for ax, name in zip(axes.flat, names):
+            for (optimizer, fw), curve in reference.items():
+                ax.plot(range(1, len(curve) + 1), curve, color="0.8", lw=2.5, zorder=1)
+            for r in ok:
+                if r["compressor"] != name:
+                    continue
+                color, marker = SERIES[(workload, r["optimizer"], r["framework"])]
+                ax.plot(range(1, len(r["curve"]) + 1), r["curve"], color=color, marker=marker,
+                        ms=3, lw=1.2, label=f"{r['framework']} {r['optimizer']}", zorder=2)
+            ax.set_title(name, fontsize=9)
+            ax.grid(alpha=0.3)
+        for ax in axes.flat[len(names):]:
+            ax.axis("off")
+        key = compare.METRIC[workload][0]
+        if workload == "mnist":
+            low = min(min(r["curve"]) for r in ok if r["compressor"] == "fp32") - 0.05
+            axes[0][0].set_ylim(max(0.5, low), None)
+        else:
+            axes[0][0].set_yscale("log")
+        handles, labels = [], []
+        for ax in axes.flat:
+            for h, lab in zip(*ax.get_legend_handles_labels()):
+                if lab not in labels:
+                    handles.append(h)
+                    labels.append(lab)
+        fig.legend(handles + [plt.Line2D([], [], color="0.8", lw=2.5)], labels + ["fp32 (grey)"],
+                   loc="lower center", ncol=len(labels) + 1, fontsize=8)
+        fig.supxlabel("epoch")
+        fig.supylabel(key)
+        fig.suptitle(f"{workload}: {key} against epoch, each compressor at its defaults")
+        fig.tight_layout(rect=(0, 0.04, 1, 1))
+        out = path.replace(".png", f"_{workload}.png")
+        fig.savefig(out, dpi=100)
+        plt.close(fig)
+        made = out
+    return made
+
+
+def write(results: list[dict], out: str) -> list[dict]:
+    rows = summarize(results)
+    report = markdown(rows)
+    with open(os.path.join(out, "quality.md"), "w") as f:
+        f.write(report + "\n")
+    with open(os.path.join(out, "quality_summary.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    plot(rows, os.path.join(out, "quality.png"))
+    print("\n" + report)
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--cases", default=",".join(CASES), help=f"of {', '.join(CASES)}")
+    parser.add_argument("--frameworks", default="torch,tf")
+    parser.add_argument("--compressors", default=None,
+                        help="comma-separated (default: fp32 and every compressor of the catalogue)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument("--out", default=os.path.join(compare.ROOT, "out", "quality"))
+    parser.add_argument("--from-json", nargs="+", metavar="FILE",
+                        help="no runs: tables and plot from earlier quality.json files (a later run "
+                             "of the same set-up replaces an earlier one)")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    if args.from_json:
+        merged: dict = {}
+        for path in args.from_json:
+            with open(path) as f:
+                for r in json.load(f):
+                    merged[(r["workload"], r.get("optimizer", "sgd"), r["framework"], r["compression"])] = r
+        return write(list(merged.values()), args.out)
+    import grace
+
+    if args.compressors is None:
+        args.compressors = ",".join(["fp32"] + grace.available())
+    for case in compare.split(args.cases):
+        if case not in CASES:
+            parser.error(f"--cases: {case!r} is not one of {', '.join(CASES)}")
+    for fw in compare.split(args.frameworks):
+        if fw not in ("torch", "tf"):
+            parser.error(f"--frameworks: {fw!r} is not one of torch, tf")
+    try:
+        for c in compare.split(args.compressors):
+            compare.parse_compression(c)
+    except ValueError as e:
+        parser.error(str(e))
+    started = time.time()
+    results = run_matrix(args)
+    rows = write(results, args.out)
+    print(f"\n{len(results)} runs in {time.time() - started:.0f} s. Results: {args.out}/quality.md, "
+          f"quality.json, quality_summary.json, quality_*.png")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

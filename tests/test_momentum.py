@@ -1,0 +1,118 @@
+"""The wrapped optimizer's momentum, taken over by the compressors that apply it themselves
+(grace.momentum), on real workers: the weights must match numpy models in which the momentum
+applies exactly once, to 1e-5, and be identical on every worker."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import reference
+from launch import ROOT, horovodrun
+from test_horovod_torch import check
+
+WORKER = os.path.join(ROOT, "tests", "workers", "torch_momentum.py")
+M = 0.9
+DENSE_MOMENTUM = {"w": 0.0, "b": M}  # W's momentum is compressed; b travels dense, with it
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("momentum")
+    return out, horovodrun(WORKER, str(out))
+
+
+def info(out, name, rank=0):
+    return json.loads((out / f"{name}.rank{rank}.json").read_text())
+
+
+def test_dgc_takes_sgd_momentum_over_and_applies_it_once(run):
+    out, log = run
+    check(out, "dgc", reference.simulate(reference.with_velocity(reference.largest(0.05), M, mask=True),
+                                         momentum=DENSE_MOMENTUM))
+    assert info(out, "dgc")["momentum"] == 0.0  # the optimizer's, set to 0
+    assert "momentum=0.9" in info(out, "dgc")["config"]
+    # One log line per wrapper built with momentum to take, from rank 0 only.
+    lines = [line for line in log.splitlines() if "grace: dgc applies torch.optim.SGD's momentum" in line]
+    assert len(lines) == 3 and all(line.startswith("[0]") for line in lines)
+
+
+def test_dgc_with_nesterov(run):
+    out, _ = run
+    check(out, "dgc_nesterov", reference.simulate(
+        reference.with_velocity(reference.largest(0.05), M, nesterov=True, mask=True),
+        momentum=DENSE_MOMENTUM, nesterov=True))
+
+
+def test_momentum_memory_compresses_the_velocity(run):
+    out, _ = run
+    check(out, "topk_momentum_memory", reference.simulate(
+        reference.with_velocity(reference.largest(0.05), M), momentum=DENSE_MOMENTUM))
+
+
+def test_randomk_turns_momentum_off_for_its_delayed_updates_only(run):
+    out, log = run
+    check(out, "randomk", reference.simulate(reference.randomk_with_residual(0.05, 3),
+                                             momentum=DENSE_MOMENTUM))
+    assert info(out, "randomk")["momentum"] == 0.0
+    assert "grace: randomk turns torch.optim.SGD's momentum (0.9) off" in log
+
+
+def test_a_compressor_that_does_not_own_momentum_leaves_the_optimizer_alone(run):
+    out, _ = run
+    check(out, "topk_keeps_momentum", reference.simulate(reference.topk_with_residual(0.05),
+                                                         momentum={"w": M, "b": M}))
+    assert info(out, "topk_keeps_momentum")["momentum"] == M
+
+
+def test_warmup_sends_dense_with_the_momentum_then_compresses_from_the_same_velocity(run):
+    out, _ = run
+    check(out, "dgc_warmup", reference.simulate(warmup_then(4, M), momentum=DENSE_MOMENTUM))
+
+
+def warmup_then(steps, momentum):
+    """``steps`` dense exchanges of the velocity (no masking, nothing left out), then DGC's velocity
+    error feedback continuing from that velocity."""
+    residuals, velocities = {}, {}
+
+    def compress(name, rank, step, g):
+        key = (name, rank)
+        u = momentum * velocities.get(key, 0.0) + g
+        velocities[key] = u
+        if step < steps:
+            return u
+        c = residuals.get(key, 0.0) + u
+        flat = c.reshape(-1)
+        keep = np.argsort(-np.abs(flat), kind="stable")[:max(1, int(0.05 * flat.size))]
+        sent = np.zeros_like(flat)
+        sent[keep] = flat[keep]
+        sent = sent.reshape(c.shape)
+        residuals[key] = c - sent
+        velocities[key] = np.where(sent != 0, 0.0, u)
+        return sent
+    return compress
+
+
+def test_adam_beta1_is_taken_by_signum_and_dgc_only(run):
+    out, _ = run
+    assert info(out, "signum_adam")["betas"] == [0.0, 0.999]
+    assert "Signum(beta=0.9" in info(out, "signum_adam")["config"]
+    assert info(out, "dgc_adam")["betas"] == [0.0, 0.999]
+    assert "momentum=0.9, nesterov=False, dampening=0.9" in info(out, "dgc_adam")["config"]
+    assert info(out, "onebit_adam")["betas"] == [0.9, 0.999]
+    for name in ("signum_adam", "dgc_adam", "onebit_adam"):
+        w0, w1 = (np.load(out / f"{name}.rank{r}.npz")["w"] for r in range(2))
+        np.testing.assert_array_equal(w0, w1)
+        assert np.isfinite(w0).all()
+
+
+@pytest.mark.parametrize("name, message", [
+    ("conflict", "momentum=0.5 was given to the compression and torch.optim.SGD's momentum is 0.9"),
+    ("groups_differ", "SGD's momentum differs between param groups (0.5, 0.9)"),
+])
+def test_two_momenta_are_refused_at_construction_on_every_worker(run, name, message):
+    out, _ = run
+    for rank in range(2):
+        assert message in info(out, name, rank)["error"]

@@ -1,0 +1,75 @@
+"""Worker for tests/test_momentum.py: the wrapped optimizer's momentum taken over by the compressors
+that apply it themselves, on common.py's linear model, 2 workers.
+
+    horovodrun -np 2 python tests/workers/torch_momentum.py OUTDIR
+
+Each scenario saves each rank's final weights, the optimizer's settings after wrapping, and the
+error message where the wrapper must refuse."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import horovod.torch as hvd  # noqa: E402
+import torch  # noqa: E402
+from common import LR, batch, init_weights  # noqa: E402
+
+import grace  # noqa: E402
+
+MOMENTUM = 0.9
+SCENARIOS = {
+    # name: (compression, optimizer)
+    "dgc": (lambda: grace.dgc(0.05, sample_ratio=1.0), lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
+    "dgc_nesterov": (lambda: grace.dgc(0.05, sample_ratio=1.0),
+                     lambda p: torch.optim.SGD(p, LR, MOMENTUM, nesterov=True)),
+    "topk_momentum_memory": (lambda: grace.topk(0.05, memory="momentum"),
+                             lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
+    "randomk": (lambda: grace.randomk(0.05, seed=3), lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
+    "topk_keeps_momentum": (lambda: grace.topk(0.05), lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
+    "dgc_warmup": (lambda: grace.dgc(0.05, sample_ratio=1.0, warmup_steps=4),
+                   lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
+    "signum_adam": (lambda: grace.signum(), lambda p: torch.optim.Adam(p, 0.01)),
+    "dgc_adam": (lambda: grace.dgc(0.05, sample_ratio=1.0), lambda p: torch.optim.Adam(p, 0.01)),
+    "onebit_adam": (lambda: grace.onebit(), lambda p: torch.optim.Adam(p, 0.01)),
+    "conflict": (lambda: grace.dgc(0.05, momentum=0.5), lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
+    "groups_differ": (lambda: grace.dgc(0.05),
+                      lambda p: torch.optim.SGD([{"params": [p[0]], "momentum": 0.9},
+                                                 {"params": [p[1]], "momentum": 0.5}], LR)),
+}
+
+outdir = sys.argv[1]
+torch.set_num_threads(1)
+hvd.init()
+rank = hvd.rank()
+
+for name, (make_compression, make_optimizer) in SCENARIOS.items():
+    w, b = init_weights(0)
+    model = torch.nn.Linear(w.shape[1], w.shape[0])
+    with torch.no_grad():
+        model.weight.copy_(torch.from_numpy(w))
+        model.bias.copy_(torch.from_numpy(b))
+    info = {}
+    try:
+        optimizer = hvd.DistributedOptimizer(make_optimizer([model.weight, model.bias]),
+                                             named_parameters=model.named_parameters(),
+                                             compression=make_compression())
+    except ValueError as e:
+        info["error"] = str(e)
+    else:
+        group = optimizer.param_groups[0]
+        info.update(momentum=group.get("momentum"), betas=group.get("betas"),
+                    config=repr(optimizer._pipeline))
+        for step in range(10):
+            x, y = (torch.from_numpy(a) for a in batch(rank, step))
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+    np.savez(os.path.join(outdir, f"{name}.rank{rank}.npz"), w=model.weight.detach().numpy(),
+             b=model.bias.detach().numpy())
+    with open(os.path.join(outdir, f"{name}.rank{rank}.json"), "w") as f:
+        json.dump(info, f)
