@@ -35,6 +35,28 @@ def stable_seed(*parts: Any) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
+LENGTH_BYTES = 4
+"""Each tensor of a variable-size payload travels with its length, an int32 (``Allgather``)."""
+
+
+def payload_budget(numel: int, itemsize: int, parts: int) -> int:
+    """The most bytes a variable-size payload of ``parts`` tensors may fill, its lengths included,
+    and still be smaller than the dense tensor of ``numel`` elements of ``itemsize`` bytes."""
+    return numel * itemsize - LENGTH_BYTES * parts - 1
+
+
+def capped(x, indices, cap: int, ops):
+    """``indices`` (into the 1-d ``x``), or, if there are more than ``cap``, the ``cap`` of them
+    where ``|x|`` is largest: how a sparsifier whose count depends on the data keeps its payload
+    under the dense tensor's size (error feedback keeps the rest). In ascending order, as
+    ``nonzero`` gives them, so that every framework sends the same payload."""
+    if cap <= 0:
+        return ops.zeros(0, ops.dtype(indices), like=indices)
+    return ops.cond(ops.size(indices) > cap,
+                    lambda: ops.sort(ops.gather(indices, ops.topk_indices(ops.gather(x, indices), cap))),
+                    lambda: indices)
+
+
 def numel_of(shape: tuple[int, ...]) -> int:
     n = 1
     for d in shape:
@@ -102,8 +124,9 @@ class Compressor(ABC):
         return total
 
     def payload_nbytes(self, shape: tuple[int, ...], itemsize: int) -> int | None:
-        """The payload's size in bytes for a tensor of this shape, when known in advance (used to
-        leave a tensor dense where compression would not shrink it); ``None`` if unknown."""
+        """The payload's size in bytes for a tensor of this shape, when known in advance, or an upper
+        bound for a payload whose size varies (used to leave a tensor dense where compression would
+        not shrink it); ``None`` if unknown."""
         return None
 
     def residual(self, compensated: Tensor, payload: Payload, ctx: Context, ops: Ops) -> Tensor:

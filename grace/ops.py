@@ -26,6 +26,9 @@ MAX_FUSED_BITS = 8
 INT32_MAX = 2**31 - 1
 
 
+INDEX_BYTES = {"int32": 4, "int64": 8}
+
+
 def index_dtype(numel: int) -> str:
     """The narrowest index dtype that addresses ``numel`` elements: int32, int64 past 2**31."""
     return "int32" if numel <= INT32_MAX else "int64"
@@ -218,13 +221,17 @@ class Ops(ABC):
         wide = self.cast(x, "float64")
         return self.cast(self.sqrt(self.sum(self.mul(wide, wide))), self.dtype(x))
 
+    def row_sums(self, x: Tensor) -> Tensor:
+        """The sum of each row of the 2-d ``x``, as a 1-d tensor, accumulated in float64 and rounded
+        to ``x``'s dtype (as ``sum``). On the CPU every adapter adds in ``host_row_sums``' order,
+        so that float64 sums too are the same bits in every framework."""
+        return self.cast(self.from_numpy(host_row_sums(self.to_numpy(x)), like=x), self.dtype(x))
+
     def row_norms(self, x: Tensor) -> Tensor:
         """The Euclidean norm of each row of the 2-d ``x``, as a 1-d tensor, computed in float64 and
         rounded to ``x``'s dtype (as ``norm``)."""
         wide = self.cast(x, "float64")
-        ones = self.reshape(self.full(self.shape(x)[1], 1.0, "float64", like=wide), (-1, 1))
-        squares = self.matmul(self.mul(wide, wide), ones)
-        return self.cast(self.sqrt(self.reshape(squares, (-1,))), self.dtype(x))
+        return self.cast(self.sqrt(self.row_sums(self.mul(wide, wide))), self.dtype(x))
 
     @abstractmethod
     def nonfinite_flag(self, x: Tensor) -> Tensor:
@@ -502,6 +509,13 @@ def draw_uniform(n: int, seed: int):
     if n >= native.MIN_NUMEL and native.available():
         return native.uniform(n, seed)
     return reference_uniform(n, seed)
+
+
+def host_row_sums(rows):
+    """The one definition of ``Ops.row_sums`` on the CPU: numpy's sums along each row, in float64."""
+    import numpy as np
+
+    return np.sum(np.asarray(rows, dtype=np.float64), axis=1)
 
 
 def draw_indices(n: int, k: int, seed: int):

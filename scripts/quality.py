@@ -6,7 +6,7 @@ real Horovod workers, PyTorch and TensorFlow:
 
 - ``mnist`` (the MLP of ``workloads.py`` on Fashion-MNIST) to convergence, 10 passes over the data,
   once with its SGD (lr 0.05, momentum 0.9) and once with Adam (lr 1e-3);
-- ``lstm`` (the character LSTM on Shakespeare) with its SGD, until fp32's perplexity plateaus.
+- ``lstm`` (the character LSTM on Shakespeare) with its SGD, 4,000 steps, near fp32's plateau.
 
 signSGD and signum run with the learning rate their docs give (``grace.compressors.sign``); every
 other compressor with the workload's. Reported per run: the final metric and its gap to fp32 of
@@ -37,11 +37,12 @@ import workloads  # noqa: E402
 
 from grace.compressors import sign  # noqa: E402
 
-# (workload, optimizer) cases, and the budget of each workload: mnist's epoch is one pass over the
-# 60,000 images with 2 workers of 64; the LSTM's budget is where fp32's validation perplexity stops
-# improving (docs/quality.md shows the curve).
+# (workload, optimizer) cases, and the budget of each workload (epochs, steps per epoch): mnist's
+# epoch is one pass over the 60,000 images with 2 workers of 64. The LSTM's 4,000 steps are where
+# fp32's validation perplexity improves by about 1% per further 400 (5.4 here, from 9 after the first
+# 300); a full plateau takes several times longer than this 2-core machine can give 40 runs.
 CASES = {"mnist-sgd": ("mnist", "sgd"), "mnist-adam": ("mnist", "adam"), "lstm-sgd": ("lstm", "sgd")}
-BUDGET = {"mnist": (10, 468), "lstm": (10, 300)}
+BUDGET = {"mnist": (10, 468), "lstm": (10, 400)}
 # The largest gap to fp32 (accuracy points) each compressor should keep on mnist (the issue's
 # targets); perplexity gaps are reported, not judged.
 TARGET_POINTS = {"qsgd": 2.0, "terngrad": 2.0, "signsgd": 3.0, "signum": 3.0}

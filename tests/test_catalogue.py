@@ -188,7 +188,7 @@ def test_inceptionn_error_bound_and_classes(tensor):
     assert sum(p.nbytes for p in (tags, small, medium, large)) < x.nbytes
 
 
-def test_threshold_sends_what_passes_and_falls_back_to_dense(tensor):
+def test_threshold_sends_what_passes_and_caps_the_payload_below_dense(tensor):
     x = gaussian(1000, 11)
     compressor = grace.threshold(2.0).compressor
     payload, ctx = compressor.compress(tensor(x), "x")
@@ -196,24 +196,46 @@ def test_threshold_sends_what_passes_and_falls_back_to_dense(tensor):
     np.testing.assert_array_equal(np.sort(indices), np.flatnonzero(np.abs(x) >= 2.0))
     np.testing.assert_array_equal(as_numpy(compressor.decompress(payload, ctx)),
                                   np.where(np.abs(x) >= 2.0, x, 0))
-    dense_payload, ctx = grace.threshold(0.001).compressor.compress(tensor(x), "x")
-    assert sum(as_numpy(p).nbytes for p in dense_payload) == x.nbytes
-    np.testing.assert_array_equal(as_numpy(compressor.decompress(dense_payload, ctx)), x)
+    # Nearly everything passes 0.001: only the largest entries that fit under the dense size go.
+    payload, ctx = grace.threshold(0.001).compressor.compress(tensor(x), "x")
+    values, indices = (as_numpy(p) for p in payload)
+    cap = (1000 * 4 - 2 * 4 - 1) // 8                       # lengths: 4 bytes for each of 2 parts
+    assert len(indices) == cap == 498 and values.nbytes + indices.nbytes + 8 < x.nbytes
+    assert np.all(np.diff(indices) > 0)                      # ascending, as every framework sends
+    largest = np.sort(np.argsort(-np.abs(x), kind="stable")[:cap])
+    np.testing.assert_array_equal(indices, largest)
+    np.testing.assert_array_equal(values, x[largest])
 
 
-def test_onebit_sends_signs_and_two_means(tensor):
-    x = gaussian(999, 12)
+def per_bucket(x, size=512):
+    """The 512-element buckets of the 1-d ``x`` (the last one shorter)."""
+    return [slice(i, min(i + size, x.size)) for i in range(0, x.size, size)]
+
+
+def test_onebit_sends_signs_and_two_means_per_bucket(tensor):
+    x = gaussian(1300, 12)  # three buckets, the last one ragged
     compressor = grace.onebit().compressor
     payload, ctx = compressor.compress(tensor(x), "x")
+    assert as_numpy(payload[0]).shape == (6,)  # a mean of each sign for each of 3 buckets
     out = as_numpy(compressor.decompress(payload, ctx))
+    for b in per_bucket(x):
+        xb, ob = x[b], out[b]
+        np.testing.assert_allclose(ob[xb >= 0], xb[xb >= 0].mean(), rtol=1e-5)
+        np.testing.assert_allclose(ob[xb < 0], xb[xb < 0].mean(), rtol=1e-5)
+    whole = grace.onebit(bucket_size=0).compressor  # the paper's two means for the whole tensor
+    out = as_numpy(whole.decompress(*whole.compress(tensor(x), "x")))
     np.testing.assert_allclose(out[x >= 0], x[x >= 0].mean(), rtol=1e-5)
     np.testing.assert_allclose(out[x < 0], x[x < 0].mean(), rtol=1e-5)
 
 
-def test_efsignsgd_scaled_sign(tensor):
-    x = gaussian(1001, 13)
+def test_efsignsgd_scaled_sign_per_bucket(tensor):
+    x = gaussian(1300, 13)
     compressor = grace.efsignsgd().compressor
     out = as_numpy(compressor.decompress(*compressor.compress(tensor(x), "x")))
+    for b in per_bucket(x):
+        np.testing.assert_allclose(out[b], np.where(x[b] >= 0, 1, -1) * np.abs(x[b]).mean(), rtol=1e-5)
+    whole = grace.efsignsgd(bucket_size=0).compressor
+    out = as_numpy(whole.decompress(*whole.compress(tensor(x), "x")))
     np.testing.assert_allclose(out, np.where(x >= 0, 1, -1) * np.abs(x).mean(), rtol=1e-5)
 
 
@@ -288,10 +310,11 @@ def test_bit_counts_of_payloads(tensor, numel):
         return [as_numpy(p).nbytes for p in pipeline.compressor.compress(tensor(x), "x")[0]]
     assert nbytes(grace.signsgd()) == [math.ceil(numel / 8)]
     assert nbytes(grace.signum()) == [math.ceil(numel / 8)]
-    assert nbytes(grace.efsignsgd()) == [4, math.ceil(numel / 8)]
-    assert nbytes(grace.onebit()) == [8, math.ceil(numel / 8)]
+    buckets = math.ceil(numel / 512)
+    assert nbytes(grace.efsignsgd()) == [4 * buckets, math.ceil(numel / 8)]   # a scale per bucket
+    assert nbytes(grace.onebit()) == [8 * buckets, math.ceil(numel / 8)]      # two means per bucket
     assert nbytes(grace.terngrad()) == [4, math.ceil(numel * 2 / 8)]
-    norms = 4 * math.ceil(numel / 512)                                 # one per bucket of 512
+    norms = 4 * buckets                                                # one per bucket of 512
     assert nbytes(grace.qsgd(1)) == [norms, math.ceil(numel * 2 / 8)]   # s = 1: 2 bits
     assert nbytes(grace.qsgd(3)) == [norms, math.ceil(numel * 3 / 8)]   # 1 + ceil(log2 4)
     assert nbytes(grace.qsgd(127)) == [norms, numel]                     # 1 + 7 bits

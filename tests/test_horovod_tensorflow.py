@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import reference
 from launch import ROOT, horovodrun
-from test_horovod_torch import TOL, assert_trains_alike, check
+from test_horovod_torch import TOL, assert_steps_alike, check
 
 import grace
 
@@ -79,8 +79,8 @@ def test_horovod_own_keras_optimizer_does_not_average_on_keras3(tf_run):
 
 
 @pytest.mark.parametrize("name", grace.available())
-def test_every_compressor_trains_on_two_workers(tf_run, name):
-    assert_trains_alike(tf_run, name)
+def test_every_compressor_steps_alike_on_two_workers(tf_run, name):
+    assert_steps_alike(tf_run, name)
 
 
 # --- the optimizer's momentum taken over (grace.momentum) ----------------------------------------

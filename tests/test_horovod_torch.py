@@ -140,9 +140,11 @@ def test_mpi_controller(tmp_path):
     check(tmp_path, "randomk", reference.simulate(reference.randomk_with_residual(0.05, 3)))
 
 
-def assert_trains_alike(run, name):
-    """Each compressor with its defaults: identical weights on both workers, finite, and a training
-    loss at least 1% below the start after 10 steps."""
+def assert_steps_alike(run, name):
+    """Each compressor with its defaults, 10 steps of the linear model: identical weights on both
+    workers, finite, a training loss at least 1% below the start, and the exact dense byte count.
+    Whether a compressor trains to convergence is tests/test_convergence.py's (real data, the
+    user's momentum SGD) and docs/quality.md's to measure; ten steps cannot show divergence."""
     weights, infos = load(run, f"catalogue_{name}")
     np.testing.assert_array_equal(weights[0]["w"], weights[1]["w"])
     np.testing.assert_array_equal(weights[0]["b"], weights[1]["b"])
@@ -154,5 +156,5 @@ def assert_trains_alike(run, name):
 
 
 @pytest.mark.parametrize("name", grace.available())
-def test_every_compressor_trains_on_two_workers(gloo_run, name):
-    assert_trains_alike(gloo_run, name)
+def test_every_compressor_steps_alike_on_two_workers(gloo_run, name):
+    assert_steps_alike(gloo_run, name)

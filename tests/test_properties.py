@@ -28,6 +28,12 @@ def roundtrip(pipeline, x):
     return pipeline.compressor.decompress(payload, ctx)
 
 
+def buckets_of(compressor, x):
+    """The slices of ``x`` that ``compressor`` quantizes with one scale each."""
+    size = x.size if compressor.bucket_size in (0, None) else compressor.bucket_size
+    return [slice(i, i + max(size, 1)) for i in range(0, x.size, max(size, 1))]
+
+
 def terngrad_scale(compressor, x):
     """TernGrad's scale: the largest magnitude, at most ``clip`` times the root mean square."""
     big = float(np.abs(x).max()) if x.size else 0.0
@@ -53,16 +59,18 @@ def bound_holds(name, pipeline, x, out):
         return np.array_equal(out[kept], x[kept])  # a sent entry is the entry itself
     if name == "adaq":
         return np.all((out == 0) | (np.sign(out) == np.sign(x)))
-    if name == "onebit":
-        return len(np.unique(out)) <= 2 and np.all((x >= 0) == (out >= np.min(out[x >= 0], initial=np.inf)))
+    if name == "onebit":  # per bucket, two values: the non-negative elements' mean and the others'
+        return all(len(np.unique(out[b])) <= 2 and
+                   np.all((x[b] >= 0) == (out[b] >= np.min(out[b][x[b] >= 0], initial=np.inf)))
+                   for b in buckets_of(c, x))
     if name in ("signsgd", "signum"):
         return set(np.unique(out)) <= {-1.0, 1.0}
-    if name == "efsignsgd":
-        return np.allclose(np.abs(out), np.abs(x).mean(), rtol=1e-5)
+    if name == "efsignsgd":  # per bucket, the mean magnitude with each element's sign
+        return all(np.allclose(np.abs(out[b]), np.abs(x[b]).mean(), rtol=1e-5) for b in buckets_of(c, x))
     if name == "qsgd":  # within one level of its bucket's norm
-        count, size = c.buckets(x.size)
-        rows = np.concatenate([x, np.zeros(count * size - x.size)]).reshape(count, size)
-        norms = np.repeat(np.linalg.norm(rows, axis=1), size)[:x.size]
+        b = c.buckets(x.size)
+        rows = np.concatenate([x, np.zeros(b.pad)]).reshape(b.count, b.size)
+        norms = np.repeat(np.linalg.norm(rows, axis=1), b.size)[:x.size]
         return np.all(np.abs(out - x) <= norms / c.levels * (1 + 1e-5) + 1e-30)
     if name == "terngrad":  # 0 or ±s, within s of the value clipped to [-s, s]
         s = terngrad_scale(c, x)

@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pytest
 from launch import ROOT, horovodrun
+from scenarios import params
 
 TORCH_WORKER = os.path.join(ROOT, "tests", "workers", "torch_resume.py")
 TF_WORKER = os.path.join(ROOT, "tests", "workers", "tf_resume.py")
@@ -29,7 +30,7 @@ def torch_runs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tf_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("tf_resume")
-    for phase in ("full", "first", "second"):
+    for phase in ("full", "first", "second", "without_state"):
         horovodrun(TF_WORKER, str(out), phase)
     return out
 
@@ -44,12 +45,12 @@ def assert_same(out, name, phase):
         np.testing.assert_array_equal(w, w0)  # and the workers agree
 
 
-@pytest.mark.parametrize("name", ["topk", "dgc", "powersgd", "randomk", "signum", "qsgd"])
+@pytest.mark.parametrize("name", params("torch", "resume"))
 def test_torch_resume_from_checkpoint_is_bit_identical(torch_runs, name):
     assert_same(torch_runs, name, "second")
 
 
-@pytest.mark.parametrize("name", ["topk", "dgc", "powersgd", "randomk", "signum", "qsgd"])
+@pytest.mark.parametrize("name", params("torch", "resume"))
 def test_resuming_without_the_compression_state_would_differ(torch_runs, name):
     """The control that gives the test above its meaning: the state matters for every one."""
     full_w, _ = weights(torch_runs, name, "full", 0)
@@ -57,12 +58,19 @@ def test_resuming_without_the_compression_state_would_differ(torch_runs, name):
     assert not np.array_equal(w, full_w)
 
 
-@pytest.mark.parametrize("name", ["topk", "dgc", "powersgd", "randomk", "signum", "qsgd"])
+@pytest.mark.parametrize("name", params("tf", "resume"))
+def test_tensorflow_resuming_without_the_compression_state_would_differ(tf_runs, name):
+    full_w, _ = weights(tf_runs, name, "full", 0)
+    w, _ = weights(tf_runs, name, "without_state", 0)
+    assert not np.array_equal(w, full_w)
+
+
+@pytest.mark.parametrize("name", params("torch", "resume"))
 def test_torch_elastic_state_restores_compression_state(torch_runs, name):
     assert_same(torch_runs, name, "elastic")
 
 
-@pytest.mark.parametrize("name", ["topk", "dgc", "powersgd", "randomk"])
+@pytest.mark.parametrize("name", params("tf", "resume"))
 def test_tensorflow_checkpoint_resume_is_bit_identical(tf_runs, name):
     assert_same(tf_runs, name, "second")
 
@@ -87,7 +95,7 @@ def flatten_state(state):
     return sorted(items, key=lambda item: item[0])
 
 
-@pytest.mark.parametrize("name", ["topk", "dgc", "signum", "powersgd", "randomk", "qsgd"])
+@pytest.mark.parametrize("name", params("torch", "nonfinite"))
 def test_overflow_on_one_worker_is_skipped_everywhere_and_leaves_no_trace(nonfinite_run, name):
     import torch
 
@@ -206,7 +214,7 @@ def tf_nonfinite_run(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("name", ["topk", "dgc", "signum", "powersgd", "randomk"])
+@pytest.mark.parametrize("name", params("tf", "nonfinite"))
 def test_tensorflow_overflow_leaves_no_trace_under_tf_function(tf_nonfinite_run, name):
     import pickle
 

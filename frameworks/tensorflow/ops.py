@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from grace import native
-from grace.ops import Ops, draw_indices, draw_uniform, index_dtype
+from grace.ops import Ops, draw_indices, draw_uniform, host_row_sums, index_dtype
 
 SAMPLED_TOPK_MIN = 1 << 18  # as in frameworks/torch/ops.py
 
@@ -278,6 +278,10 @@ class TensorFlowOps(Ops):
     # --- grace/native's fused loops, on the host ---------------------------------------------------
     def _sums(self, x):
         return _host(lambda a: np.array(native.sums(a), np.float64), [x], tf.float64, [3])
+
+    def row_sums(self, x):
+        sums = _host(host_row_sums, [x], tf.float64, [x.shape[0]])
+        return tf.cast(sums, x.dtype)
 
     def sum(self, x):
         if _native(x):

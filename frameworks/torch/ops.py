@@ -230,6 +230,11 @@ class TorchOps(Ops):
             return x.sum(dtype=torch.float64).to(x.dtype).reshape(1)
         return x.sum().reshape(1)
 
+    def row_sums(self, x):
+        if x.device.type == "cpu":
+            return super().row_sums(x)
+        return x.sum(1, dtype=torch.float64).to(x.dtype)
+
     def norm(self, x):
         if _native(x):
             return _scalar(math.sqrt(native.sums(x.detach().numpy())[1]), x.dtype)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from grace.communicator import Communicator
+from grace.compressor import LENGTH_BYTES
 
 
 class Allgather(Communicator):
@@ -36,5 +37,5 @@ class Allgather(Communicator):
         return [[pieces[i][r] for i in range(parts)] for r in range(group.size)]
 
     def bytes_sent(self, payload, group, ops):
-        header = 0 if self._fixed_size else 4 * len(payload)
+        header = 0 if self._fixed_size else LENGTH_BYTES * len(payload)
         return sum(ops.nbytes(t) for t in payload) + header

@@ -14,8 +14,9 @@ class DGC(Seeded, TopK):
     """Deep Gradient Compression: top-k with a threshold estimated on a random sample. The magnitude
     that keeps ``ratio`` of a ``sample_ratio`` sample (lowered by 20%) selects candidates, and exactly
     the k largest of them are sent (or of the whole tensor, should too few pass), as values and int32
-    indices; k is at least 16 (``kept``). Its ``dgc`` memory adds momentum correction, local gradient clipping and momentum factor
-    masking, with the wrapped optimizer's momentum taken over so that it applies once;
+    indices; k is at least 16 (``kept``). Its ``dgc`` memory adds momentum correction, local gradient
+    clipping and momentum factor masking, with the wrapped optimizer's momentum taken over so that it
+    applies once;
     ``sparsity_warmup_steps`` > 0 raises sparsity in stages (``WARMUP_RATIOS``) over the first
     steps. Lin et al., "Deep Gradient Compression: Reducing the Communication Bandwidth for
     Distributed Training", ICLR 2018."""

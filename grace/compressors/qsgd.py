@@ -6,12 +6,8 @@ from functools import lru_cache
 import numpy as np
 
 from grace.compressor import TINY, Compressor, Seeded, compute_dtype, numel_of
+from grace.compressors.buckets import DEFAULT_BUCKET_SIZE, Buckets
 from grace.validation import check_int
-
-DEFAULT_BUCKET_SIZE = 512
-"""The QSGD paper's bucket: its variance bound grows with the square root of the bucket's size, so one
-norm for a whole 400,000-element layer makes the estimate ~30x noisier than one per 512 elements
-(measured: mnist's MLP loses 10 points of accuracy with one norm per tensor, none with buckets)."""
 
 
 class QSGD(Seeded, Compressor):
@@ -21,7 +17,9 @@ class QSGD(Seeded, Compressor):
     each bucket's norm. The estimate ``||b|| * sign * level / s`` is unbiased, with a variance of at
     most ``min(d / s², √d / s) ||x||²`` for buckets of d elements. A code takes
     ``1 + ceil(log2(s + 1))`` bits (2 for s = 1), packed; a norm, one value of the gradient's dtype
-    per bucket. ``bucket_size=0`` uses one bucket per tensor. Alistarh et al., "QSGD:
+    per bucket. ``bucket_size=0`` uses one bucket per tensor. One norm for a whole 400,000-element
+    layer makes the estimate ~30x noisier than one per 512 elements (measured: mnist's MLP loses 10
+    points of accuracy with one norm per tensor, under 1 with buckets). Alistarh et al., "QSGD:
     Communication-Efficient SGD via Gradient Quantization and Encoding", NeurIPS 2017 (buckets of
     512 in its experiments)."""
 
@@ -37,65 +35,46 @@ class QSGD(Seeded, Compressor):
     def params(self):
         return {"levels": self.levels, "bucket_size": self.bucket_size, "seed": self.seed}
 
-    def buckets(self, numel: int) -> tuple[int, int]:
-        """(number of buckets, elements per bucket) for a tensor of ``numel`` elements."""
-        size = numel if self.bucket_size == 0 or self.bucket_size >= numel else self.bucket_size
-        return -(-numel // max(size, 1)), size
+    def buckets(self, numel: int) -> Buckets:
+        return Buckets.of(numel, self.bucket_size)
 
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
-        count, size = self.buckets(ctx.numel)
+        buckets = self.buckets(ctx.numel)
         # A norm beyond the dtype's range (values near its maximum) is clamped, which keeps the
         # output finite at the price of bias for such tensors only.
         largest = float(np.finfo(ctx.dtype if ctx.dtype != "bfloat16" else "float32").max)
         step = self.next_step(name, ops)
         seed_of = self._seed_of(name, ctx, shared=False)
-        if count == 1:
+        if buckets.count == 1:
             norm = ops.minimum(ops.norm(x), largest)
             codes = ops.quantize_levels(x, ops.maximum(norm, TINY), self.levels, self.bits, seed_of, step)
             return [ops.cast(norm, ctx.dtype), codes]
-        rows = _rows(x, count, size, ops)
+        rows = buckets.rows(x, ops)
         norms = ops.minimum(ops.row_norms(rows), largest)
         # Each element divided by its bucket's norm, then quantized against 1: the same arithmetic
         # as dividing by the norm inside the quantizer, one bucket at a time.
-        divided = ops.div(rows, ops.reshape(ops.maximum(norms, TINY), (count, 1)))
+        divided = buckets.flat(ops.div(rows, buckets.column(ops.maximum(norms, TINY), ops)), ops)
         unit = ops.full(1, 1.0, ops.dtype(x), like=x)
-        codes = ops.quantize_levels(_unrows(divided, ctx.numel, ops), unit, self.levels, self.bits,
-                                    seed_of, step)
+        codes = ops.quantize_levels(divided, unit, self.levels, self.bits, seed_of, step)
         return [ops.cast(norms, ctx.dtype), codes]
 
     def decode(self, payload, ctx, ops):
         norms, packed = payload
         dtype = compute_dtype(ctx.dtype)
-        count, size = self.buckets(ctx.numel)
-        if count == 1:
+        buckets = self.buckets(ctx.numel)
+        if buckets.count == 1:
             values = level_values(self.bits, ops.scale(ops.cast(norms, dtype), 1.0 / self.levels),
                                   ctx, ops, like=packed)
             return ops.unpack_values(packed, self.bits, ctx.numel, values)
         table = ops.scale(ops.constant(_signed_levels(self.bits), dtype, like=packed), 1.0 / self.levels)
         levels = ops.unpack_values(packed, self.bits, ctx.numel, table)
-        scaled = ops.mul(_rows(levels, count, size, ops),
-                         ops.reshape(ops.cast(norms, dtype), (count, 1)))
-        return ops.cast(_unrows(scaled, ctx.numel, ops), ctx.dtype)
+        scaled = ops.mul(buckets.rows(levels, ops), buckets.column(ops.cast(norms, dtype), ops))
+        return ops.cast(buckets.flat(scaled, ops), ctx.dtype)
 
     def payload_nbytes(self, shape, itemsize):
         numel = numel_of(shape)
-        return self.buckets(numel)[0] * itemsize + math.ceil(numel * self.bits / 8)
-
-
-def _rows(x, count: int, size: int, ops):
-    """The 1-d ``x`` as ``count`` rows of ``size``, the last one padded with zeros."""
-    pad = count * size - ops.numel(x)
-    if pad:
-        x = ops.concat([x, ops.zeros(pad, ops.dtype(x), like=x)])
-    return ops.reshape(x, (count, size))
-
-
-def _unrows(rows, numel: int, ops):
-    """The first ``numel`` elements of ``rows``, as a 1-d tensor."""
-    flat = ops.flatten(rows)
-    pad = ops.numel(flat) - numel
-    return ops.split(flat, [numel, pad])[0] if pad else flat
+        return self.buckets(numel).count * itemsize + math.ceil(numel * self.bits / 8)
 
 
 def level_values(bits: int, unit, ctx, ops, like):

@@ -40,3 +40,11 @@ class MomentumMemory(OwnsMomentum, ResidualMemory):
     def __repr__(self):
         params = ", ".join(f"{k}={v!r}" for k, v in self.momentum_params().items())
         return f"{type(self).__name__}({params})"
+
+
+class EFSignSGDMemory(MomentumMemory):
+    """Error feedback as EF-signSGD states it, ``p = g + e``, ``e = p - C(p)``, with the learning
+    rate left to the optimizer (constant rates fold into ``e``); on the velocity where the optimizer
+    has momentum, taken over (``MomentumMemory``). Karimireddy et al., ICML 2019."""
+
+    name = "efsignsgd"

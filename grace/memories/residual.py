@@ -24,13 +24,6 @@ class ResidualMemory(Memory):
         ops.save(self.residuals, name, compressor.residual(compensated, payload, ctx, ops))
 
 
-class EFSignSGDMemory(ResidualMemory):
-    """Error feedback as EF-signSGD states it, ``p = g + e``, ``e = p - C(p)``, with the learning
-    rate left to the optimizer (constant rates fold into ``e``). Karimireddy et al., ICML 2019."""
-
-    name = "efsignsgd"
-
-
 class PowerSGDMemory(ResidualMemory):
     """PowerSGD's error feedback: the part of ``M + e`` that this worker's rank-r approximation
     ``P Q_localᵀ`` leaves out is added to the next step's gradient. Vogels et al., NeurIPS 2019."""

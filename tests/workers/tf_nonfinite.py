@@ -16,16 +16,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import horovod.tensorflow as hvd  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from common import LR, batch, init_weights  # noqa: E402
+from scenarios import build, names  # noqa: E402
 
-import grace  # noqa: E402
-
-COMPRESSORS = {
-    "topk": lambda: grace.topk(0.05),
-    "dgc": lambda: grace.dgc(0.05, sample_ratio=0.2),
-    "signum": lambda: grace.signum(),
-    "powersgd": lambda: grace.powersgd(),
-    "randomk": lambda: grace.randomk(0.05),
-}
+COMPRESSORS = {name: (lambda name=name: build(name)) for name in names("tf", "nonfinite")}
 OVERFLOW_STEP = 3
 
 outdir = sys.argv[1]

@@ -1,5 +1,6 @@
 """Worker for tests/test_reliability.py: TensorFlow (tape under tf.function) checkpointed with
-tf.train.Checkpoint and resumed; phases as in torch_resume.py (without ``elastic``)."""
+tf.train.Checkpoint and resumed; phases as in torch_resume.py (without ``elastic``). The
+compressors are scenarios.py's."""
 
 from __future__ import annotations
 
@@ -12,27 +13,21 @@ sys.path.insert(0, os.path.dirname(__file__))
 import horovod.tensorflow as hvd  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from common import LR, batch, init_weights  # noqa: E402
+from scenarios import build, names  # noqa: E402
 
-import grace  # noqa: E402
 from frameworks.tensorflow.checkpoint import CompressionState  # noqa: E402
-
-RESUMED = {
-    "topk": lambda: grace.topk(0.05),
-    "dgc": lambda: grace.dgc(0.05, sample_ratio=0.2),
-    "powersgd": lambda: grace.powersgd(rank=2),
-    "randomk": lambda: grace.randomk(0.05, seed=3),
-}
 
 outdir, phase = sys.argv[1], sys.argv[2]
 tf.config.threading.set_intra_op_parallelism_threads(1)
 hvd.init()
 rank = hvd.rank()
 
-for name, make in RESUMED.items():
+for name in names("tf", "resume"):
     w0, b0 = init_weights(0)
     w, b = tf.Variable(w0, name="weight"), tf.Variable(b0, name="bias")
-    compression = make()
+    compression = build(name)
     checkpoint = tf.train.Checkpoint(w=w, b=b, compression=CompressionState(compression))
+    weights_only = tf.train.Checkpoint(w=w, b=b)  # the control: resuming without compression state
     path = os.path.join(outdir, f"{name}.rank{rank}")
 
     @tf.function
@@ -44,9 +39,11 @@ for name, make in RESUMED.items():
         w.assign_sub(LR * gw)
         b.assign_sub(LR * gb)
 
-    first, last = {"full": (0, 10), "first": (0, 5), "second": (5, 10)}[phase]
+    first, last = {"full": (0, 10), "first": (0, 5), "second": (5, 10), "without_state": (5, 10)}[phase]
     if phase == "second":
         checkpoint.read(path).assert_consumed()  # before the first step: variables created here
+    elif phase == "without_state":
+        weights_only.read(path).expect_partial()
     for s in range(first, last):
         step(*(tf.constant(a) for a in batch(rank, s)))
     if phase == "first":

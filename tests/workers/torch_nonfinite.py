@@ -19,18 +19,10 @@ sys.path.insert(0, os.path.dirname(__file__))
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
 from common import LR, batch, init_weights  # noqa: E402
+from scenarios import build, names  # noqa: E402
 
-import grace  # noqa: E402
-
-COMPRESSORS = {
-    "topk": lambda: grace.topk(0.05),
-    "dgc": lambda: grace.dgc(0.05, sample_ratio=0.2),
-    "signum": lambda: grace.signum(),
-    "powersgd": lambda: grace.powersgd(),
-    "randomk": lambda: grace.randomk(0.05),
-    "qsgd": lambda: grace.qsgd(),
-    "topk_unchecked": lambda: grace.topk(0.05, check_finite=False),  # the control
-}
+COMPRESSORS = {name: (lambda name=name: build(name)) for name in names("torch", "nonfinite")}
+COMPRESSORS["topk_unchecked"] = lambda: build("topk", check_finite=False)  # the control
 OVERFLOW_STEP = 3
 
 outdir = sys.argv[1]

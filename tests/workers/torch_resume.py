@@ -18,17 +18,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
 from common import LR, batch, init_weights  # noqa: E402
-
-import grace  # noqa: E402
-
-RESUMED = {
-    "topk": lambda: grace.topk(0.05),
-    "dgc": lambda: grace.dgc(0.05, sparsity_warmup_steps=2, sample_ratio=0.2),
-    "powersgd": lambda: grace.powersgd(rank=2),
-    "randomk": lambda: grace.randomk(0.05, seed=3),
-    "signum": lambda: grace.signum(),
-    "qsgd": lambda: grace.qsgd(),
-}
+from scenarios import build as build_compression  # noqa: E402
+from scenarios import names  # noqa: E402
 
 outdir, phase = sys.argv[1], sys.argv[2]
 torch.set_num_threads(1)
@@ -42,10 +33,10 @@ def build(name):
     with torch.no_grad():
         model.weight.copy_(torch.from_numpy(w))
         model.bias.copy_(torch.from_numpy(b))
-    momentum = 0.0 if name == "dgc" else 0.5  # DGC applies its own momentum
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
+    # Momentum 0.5: the compressors that own the momentum take it over, and resume with it.
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.5)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=RESUMED[name]())
+                                         compression=build_compression(name))
     return model, optimizer
 
 
@@ -57,7 +48,7 @@ def steps(model, optimizer, first, last):
         optimizer.step()
 
 
-for name in RESUMED:
+for name in names("torch", "resume"):
     model, optimizer = build(name)
     checkpoint = os.path.join(outdir, f"{name}.rank{rank}.pt")
     if phase == "full":
