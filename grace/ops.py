@@ -421,10 +421,15 @@ class Ops(ABC):
         finally:
             self._pending = previous
 
+    def dropped(self, discard: Tensor) -> Any:
+        """Whether the 1-element ``discard`` flag is non-zero (a bool, or a boolean tensor in a
+        traced graph)."""
+        return bool(float(self.to_numpy(discard).reshape(-1)[0]))
+
     def commit(self, transaction: dict, discard: Tensor) -> Any:
         """Apply the pending writes, unless the 1-element ``discard`` flag is non-zero. Returns
-        whether they were dropped (a bool, or a boolean tensor in a traced graph)."""
-        dropped = bool(float(self.to_numpy(discard).reshape(-1)[0]))
+        whether they were dropped (``dropped``)."""
+        dropped = self.dropped(discard)
         if not dropped:
             for store, key, value in transaction.values():
                 self._save(store, key, value)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from grace.collectives import Collectives
 from grace.communicator import Communicator
@@ -31,8 +31,8 @@ class Pending:
     memory: Memory | None = None
     compensated: Tensor | None = None  # kept for a second round (PowerSGD)
     nonfinite: Any = None  # handle of the allreduced "some worker's tensor is not finite" flag
-    transaction: dict | None = None  # this tensor's state writes, committed once the flag is known
-    summed: Tensor | None = None  # set when the sum over workers is already known (traced warm-up)
+    transaction: dict | None = None  # this tensor's state writes, committed with the step's verdict
+    deferred: Any = None  # traced warm-up: f(discard, scale) -> the result, run once the verdict is known
 
 
 def _copy(value: Any) -> Any:
@@ -76,10 +76,11 @@ class Pipeline:
 
     Non-finite gradients (``check_finite``, on by default): with each compressed tensor a 4-byte
     flag is allreduced (a tensor that travels dense carries its own Inf or NaN into the sum), and
-    the tensor's state writes (residuals, momenta, counters) stay pending until it arrives. If any
-    worker's tensor held an Inf or NaN, every worker drops them, leaving the state as it was before
-    the step, and returns NaN, so that a loss scaler sees the overflow and skips the
-    step with nothing absorbed into the state. Eagerly and under tf.function alike.
+    the state writes (residuals, momenta, counters) stay pending until the step is decided
+    (``finish_step``): if any worker's gradient held an Inf or NaN in any tensor of the step, every
+    worker drops the writes of every tensor, leaving the whole state as it was before the step, and
+    returns NaN, so that a loss scaler sees the overflow and skips the step with nothing absorbed.
+    Eagerly and under tf.function alike.
 
     Warm-up (``warmup_steps``): the first ``warmup_steps`` exchanges of each tensor travel dense
     (allreduce, no memory, counted in ``stats()`` as dense bytes sent), as PyTorch's PowerSGD hook
@@ -184,20 +185,49 @@ class Pipeline:
         if not self.compresses(shape, dtype, ops):
             return self._start(tensor, name, group, ops, dense=True)
         if self.warmup_steps:
-            exchange = ops.counter(self._exchanges, name)
+            # Read here; counted with the step's other state writes, so a skipped step undoes it.
+            exchange = ops.counter(self._exchanges, name, 0)
             if not isinstance(exchange, int):
-                # A traced graph: both ways are built, and the step picks one when the graph runs.
-                summed = ops.cond(
-                    exchange < self.warmup_steps,
-                    lambda: self.finish(self._start(tensor, name, group, ops, dense=True), group),
-                    lambda: self.finish(self._start(tensor, name, group, ops, dense=False), group))
-                return Pending(name, Context(shape, dtype, numel), self._dense_compressor,
-                               self._dense_communicator, None, ops, summed=summed)
-            if exchange < self.warmup_steps:
-                return self._start(tensor, name, group, ops, dense=True)
+                return self._start_traced_warmup(tensor, name, group, ops, exchange)
+            return self._start(tensor, name, group, ops, dense=exchange < self.warmup_steps, count=True)
         return self._start(tensor, name, group, ops, dense=False)
 
-    def _start(self, tensor, name, group, ops, dense: bool) -> Pending:
+    def _start_traced_warmup(self, tensor, name, group, ops, exchange) -> Pending:
+        """In a traced graph the exchange count is only known when the graph runs: both ways are
+        built, and the count picks one then. The state written inside a branch must be committed
+        there, so the branch runs once the step's verdict is known (``finish_step``); this tensor's
+        own non-finite flag is allreduced before it, for that verdict."""
+        shape, numel, dtype = ops.shape(tensor), ops.numel(tensor), ops.dtype(tensor)
+        nonfinite = self._flag(tensor, name, group, ops) if self.check_finite else None
+
+        def deferred(discard, scale):
+            def way(dense):
+                pending = self._start(tensor, name, group, ops, dense=dense, flag=False)
+                total = self._collect(pending, group, scale)
+                if pending.transaction is None:
+                    return total
+                return ops.nan_if(ops.commit(pending.transaction, discard), total)
+            result = ops.cond(exchange < self.warmup_steps, lambda: way(True), lambda: way(False))
+            counted: dict | None = {} if self.check_finite else None
+            with ops.within(counted):
+                ops.counter(self._exchanges, name)
+            if counted is not None:
+                ops.commit(counted, discard)
+            return result
+
+        return Pending(name, Context(shape, dtype, numel), self._dense_compressor,
+                       self._dense_communicator, None, ops, nonfinite=nonfinite, deferred=deferred)
+
+    def _flag(self, tensor, name, group, ops):
+        """Start the allreduce of this worker's 'tensor is not finite' flag."""
+        flag = ops.nonfinite_flag(tensor)
+        ops.counter(self._counters, "bytes_control", ops.nbytes(flag))
+        return group.allreduce_async(flag, f"grace.{name}.nonfinite")
+
+    def _start(self, tensor, name, group, ops, dense: bool, flag: bool = True,
+               count: bool = False) -> Pending:
+        """Start one tensor's exchange, dense or compressed; ``flag``: allreduce its non-finite flag
+        (unless its sum carries any Inf itself); ``count``: count the exchange for the warm-up."""
         numel, dtype = ops.numel(tensor), ops.dtype(tensor)
         if dense:
             compressor, memory, communicator = (self._dense_compressor, self._dense_memory,
@@ -205,12 +235,13 @@ class Pipeline:
         else:
             compressor, memory, communicator = self.compressor, self.memory, self.communicator
         nonfinite = transaction = None
-        if self.check_finite and not self._carries_nonfinite(compressor, memory, communicator):
-            flag = ops.nonfinite_flag(tensor)
-            nonfinite = group.allreduce_async(flag, f"grace.{name}.nonfinite")
-            ops.counter(self._counters, "bytes_control", ops.nbytes(flag))
+        carries = self._carries_nonfinite(compressor, memory, communicator)
+        if self.check_finite and (count or not carries):
+            nonfinite = self._flag(tensor, name, group, ops) if flag and not carries else None
             transaction = {}
         with ops.within(transaction):
+            if count:
+                ops.counter(self._exchanges, name)
             compensated = memory.compensate(tensor, name, ops)
             payload, ctx = compressor.compress(compensated, name, ops, rank=group.rank)
             if compressor.rounds == 1:
@@ -235,11 +266,47 @@ class Pipeline:
 
     def finish(self, pending: Pending, group: Collectives, scale: float = 1.0) -> Tensor:
         """Wait for the collectives, decompress, aggregate over workers, multiply by ``scale``
-        (``1 / size`` to average)."""
+        (``1 / size`` to average); the tensor alone is the step (see ``finish_step``)."""
+        return self.finish_step([pending], group, scale)[0]
+
+    def finish_step(self, pendings: Sequence[Pending], group: Collectives, scale: float = 1.0,
+                    carried: Sequence[Tensor] = ()) -> list[Tensor]:
+        """``finish`` for every tensor of one step, as one transaction: the state writes of all of
+        them are kept, or, if any worker's gradient held an Inf or NaN anywhere in the step, all
+        dropped and every result made NaN (so a loss scaler skips the step and the state is as it
+        was before it). ``carried``: results the caller combined itself (Horovod's own allreduce),
+        whose sums carry any Inf or NaN into the verdict."""
+        results: dict[int, Tensor] = {}
+        flags = []
+        for i, pending in enumerate(pendings):
+            if pending.deferred is None:
+                results[i] = self._collect(pending, group, scale)
+            if pending.nonfinite is not None:
+                flags.append(group.synchronize(pending.nonfinite))
+        if not any(p.transaction is not None or p.deferred is not None for p in pendings):
+            return [results[i] for i in range(len(pendings))]
+        ops = pendings[0].ops
+        # A tensor combined dense carries its own Inf or NaN in the sum, which every worker sees: it
+        # counts towards the verdict without a flag of its own.
+        carried = list(carried) + [results[i] for i, p in enumerate(pendings)
+                                   if p.deferred is None and p.nonfinite is None and p.ready is None]
+        discard = flags[0] if flags else ops.zeros(1, "float32", like=carried[0])
+        for part in flags[1:] + [ops.nonfinite_flag(t) for t in carried]:
+            discard = ops.add(discard, part)
+        for i, pending in enumerate(pendings):
+            if pending.deferred is not None:
+                results[i] = pending.deferred(discard, scale)
+        dropped = ops.dropped(discard)
+        for pending in pendings:
+            if pending.transaction is not None:
+                ops.commit(pending.transaction, discard)
+        return [results[i] if p.deferred is not None else ops.nan_if(dropped, results[i])
+                for i, p in enumerate(pendings)]
+
+    def _collect(self, pending: Pending, group: Collectives, scale: float) -> Tensor:
+        """The tensor's sum over workers times ``scale``, its state writes still pending."""
         if pending.ready is not None:
             return pending.ready
-        if pending.summed is not None:
-            return pending.summed if scale == 1.0 else pending.ops.scale(pending.summed, scale)
         ops, compressor, ctx = pending.ops, pending.compressor, pending.ctx
         payloads = pending.communicator.finish(pending.handle, group, ops)
         if compressor.rounds == 2:
@@ -255,13 +322,7 @@ class Pipeline:
         with ops.within(pending.transaction):
             decompressed = [compressor.decompress(p, ctx, ops) for p in payloads]
             total = compressor.aggregate(decompressed, ops)
-        if scale != 1.0:
-            total = ops.scale(total, scale)
-        if pending.transaction is None:
-            return total
-        dropped = ops.commit(pending.transaction, group.synchronize(pending.nonfinite))
-        # NaN everywhere if some worker's tensor was not finite, so that a loss scaler skips the step.
-        return ops.nan_if(dropped, total)
+        return ops.scale(total, scale) if scale != 1.0 else total
 
     def reduce(self, tensor: Tensor, name: str, group: Collectives, scale: float = 1.0) -> Tensor:
         """``start`` and ``finish`` in one call."""

@@ -86,9 +86,9 @@ def nonfinite_run(tmp_path_factory):
 
 
 def flatten_state(state):
-    """(path, value) pairs of a pipeline state_dict, tensors as numpy."""
+    """(path, value) pairs of every part of a pipeline state_dict, tensors as numpy."""
     items = []
-    for part in ("compressor", "memory"):
+    for part in ("compressor", "memory", "dense_memory", "pipeline"):
         for attr, entries in state[part].items():
             for name, value in entries.items():
                 items.append((f"{part}.{attr}.{name}", value.numpy() if hasattr(value, "numpy") else value))
@@ -113,6 +113,26 @@ def test_overflow_on_one_worker_is_skipped_everywhere_and_leaves_no_trace(nonfin
         skipped = np.load(nonfinite_run / f"{name}.skipped.rank{rank}.npz")
         np.testing.assert_array_equal(overflow["w"], skipped["w"])
         np.testing.assert_array_equal(overflow["b"], skipped["b"])
+
+
+@pytest.mark.parametrize("name", ["topk", "dgc", "powersgd", "randomk", "onebit"])
+def test_an_overflow_in_one_layer_leaves_no_trace_in_any_layer(nonfinite_run, name):
+    """Two compressed layers; the second one's gradient is Inf on one worker (a tensor hook). The
+    loss scaler skips the step, so neither layer's residuals, velocities or counters may change,
+    and the weights end equal to a run without that step."""
+    import torch
+
+    for rank in range(2):
+        before = flatten_state(torch.load(nonfinite_run / f"layer_{name}.before.rank{rank}.pt"))
+        after = flatten_state(torch.load(nonfinite_run / f"layer_{name}.after.rank{rank}.pt"))
+        layers = {key.split(".")[-2] for key, _ in before}
+        assert [k for k, _ in before] == [k for k, _ in after] and {"0", "2"} <= layers
+        for (key, a), (_, b) in zip(before, after):
+            assert np.array_equal(a, b), f"{key} changed during the skipped step on rank {rank}"
+        overflow = np.load(nonfinite_run / f"layer_{name}.overflow.rank{rank}.npz")
+        skipped = np.load(nonfinite_run / f"layer_{name}.skipped.rank{rank}.npz")
+        for key in overflow.files:
+            np.testing.assert_array_equal(overflow[key], skipped[key])
 
 
 def test_without_the_check_the_overflow_enters_the_residuals(nonfinite_run):

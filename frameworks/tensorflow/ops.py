@@ -400,10 +400,13 @@ class TensorFlowOps(Ops):
     def counter(self, store, key, increment=1):
         return super().counter(store, key, tf.cast(increment, tf.int64))
 
+    def dropped(self, discard):
+        return tf.reshape(tf.cast(discard, tf.float32), [-1])[0] > 0
+
     def commit(self, transaction, discard):
         # In a traced graph the flag is only known when it runs: every write keeps the old value
         # where the flag is set.
-        drop = tf.reshape(tf.cast(discard, tf.float32), [-1])[0] > 0
+        drop = self.dropped(discard)
         for store, key, value in transaction.values():
             variable = self._variable(store, key, value)
             variable.assign(tf.where(drop, variable.read_value(), tf.cast(value, variable.dtype)))

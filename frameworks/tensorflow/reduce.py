@@ -74,6 +74,8 @@ def make_reduce_grads(pipeline: Pipeline, op=hvd.Average, gradient_predivide_fac
                 grad = grad / gradient_predivide_factor
             pending.append(pipeline.start(grad, name, collectives, _OPS))
         scale = gradient_predivide_factor / collectives.size if op == hvd.Average else 1.0
-        return [None if p is None else pipeline.finish(p, collectives, scale) for p in pending]
+        # One verdict for the step: an Inf or NaN anywhere drops every tensor's state writes.
+        finished = iter(pipeline.finish_step([p for p in pending if p is not None], collectives, scale))
+        return [None if p is None else next(finished) for p in pending]
 
     return reduce_grads

@@ -164,14 +164,22 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
             if self._handles.get(p) is None:
                 self._handles[p] = self._start(p)
         scale = self._scale()
+        results, as_is, compressed = {}, [], []
         for p in self._requires_update:
             pending = self._handles[p]
             if isinstance(pending, _AsIs):
-                result = hvd.synchronize(pending.handle)
+                results[p] = hvd.synchronize(pending.handle)
                 if scale != 1.0:
-                    result.mul_(scale)
+                    results[p].mul_(scale)
+                as_is.append(results[p])
             else:
-                result = self._pipeline.finish(pending, self._collectives, scale)
+                compressed.append(p)
+        # One verdict for the step: an Inf or NaN anywhere drops every tensor's state writes.
+        finished = self._pipeline.finish_step([self._handles[p] for p in compressed], self._collectives,
+                                              scale, carried=as_is)
+        results.update(zip(compressed, finished))
+        for p in self._requires_update:
+            result = results[p]
             self._allreduce_delay[p] = self.backward_passes_per_step
             if p.grad.is_sparse:
                 p.grad.zero_().add_(result.to_sparse())

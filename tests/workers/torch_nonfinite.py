@@ -74,3 +74,51 @@ def run(name, mode):
 for name in COMPRESSORS:
     run(name, "overflow")
     run(name, "skipped")
+
+
+# --- an Inf in one layer only, on one worker ------------------------------------------------------
+# Two compressed layers; a tensor hook makes the second layer's gradient Inf on rank 1 at
+# OVERFLOW_STEP. The loss scaler skips the whole step, so no layer's state may absorb it.
+ONE_LAYER = ("topk", "dgc", "powersgd", "randomk", "onebit")
+
+
+def two_layers():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(160, 32), torch.nn.Tanh(), torch.nn.Linear(32, 40))
+
+
+def run_one_layer(name, mode):
+    model = two_layers()
+    compression = build(name)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR, momentum=0.5),
+                                         named_parameters=model.named_parameters(),
+                                         compression=compression)
+    overflowing = {"now": False}
+    model[2].weight.register_hook(lambda g: g * math.inf if overflowing["now"] else g)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    for step in range(8):
+        if mode == "skipped" and step == OVERFLOW_STEP:
+            scaler.update(new_scale=scaler.get_scale() / 2)
+            continue
+        overflowing["now"] = mode == "overflow" and step == OVERFLOW_STEP and rank == 1
+        if mode == "overflow" and step == OVERFLOW_STEP:
+            torch.save(compression.state_dict(),
+                       os.path.join(outdir, f"layer_{name}.before.rank{rank}.pt"))
+        x, y = (torch.from_numpy(a) for a in batch(rank, step))
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x)[:, :8], y)
+        scaler.scale(loss).backward()
+        optimizer.synchronize()
+        scaler.unscale_(optimizer)
+        with optimizer.skip_synchronize():
+            scaler.step(optimizer)
+        scaler.update()
+        if mode == "overflow" and step == OVERFLOW_STEP:
+            torch.save(compression.state_dict(), os.path.join(outdir, f"layer_{name}.after.rank{rank}.pt"))
+    np.savez(os.path.join(outdir, f"layer_{name}.{mode}.rank{rank}.npz"),
+             **{k.replace(".", "_"): v.detach().numpy() for k, v in model.state_dict().items()})
+
+
+for name in ONE_LAYER:
+    run_one_layer(name, "overflow")
+    run_one_layer(name, "skipped")
