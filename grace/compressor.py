@@ -85,6 +85,8 @@ class Compressor(ABC):
       gathered payload without being told the lengths.
     - ``default_memory`` / ``default_communicator``: what the paper uses, by registry name.
     - ``default_warmup_steps``: dense exchanges before compression starts, where measured to help.
+    - ``agrees_on_form``: the encoded size depends on the data and may exceed the dense tensor's;
+      the workers then agree each step whether all send it encoded or all dense (``not_smaller``).
     - ``rounds``: 2 for a compressor whose payload takes two trips (PowerSGD: P, then Q); it then
       implements ``second_round`` and may implement ``after_aggregate``.
     """
@@ -95,6 +97,7 @@ class Compressor(ABC):
     default_memory: ClassVar[str] = "none"
     default_communicator: ClassVar[str] = "allreduce"
     default_warmup_steps: ClassVar[int] = 0
+    agrees_on_form: ClassVar[bool] = False
     rounds: ClassVar[int] = 1
 
     def compress(self, tensor: Tensor, name: str, ops: Ops | None = None,
@@ -133,6 +136,11 @@ class Compressor(ABC):
         """What error feedback keeps: ``compensated - decompress(payload)`` (an algorithm may
         compute it without materialising the decompressed tensor)."""
         return ops.sub(compensated, self.decompress(payload, ctx, ops))
+
+    def not_smaller(self, payload: Payload, ctx: Context, ops: Ops) -> Tensor:
+        """For ``agrees_on_form``: a 1-element float32 tensor, 1 where this payload with its lengths
+        would not be smaller than the dense tensor, else 0."""
+        raise NotImplementedError
 
     def accepts(self, shape: tuple[int, ...]) -> bool:
         """Whether this algorithm applies to a tensor of this shape (PowerSGD needs a matrix)."""

@@ -13,6 +13,7 @@ objects.
 from __future__ import annotations
 
 import importlib
+import threading
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from typing import Any, Callable, Sequence
@@ -385,7 +386,15 @@ class Ops(ABC):
     # open (``within``), writes stay pending and reads see them; ``commit`` applies them, or drops
     # them where the step must leave no trace (a non-finite gradient on some worker).
 
-    _pending: dict | None = None
+    @property
+    def _pending(self) -> dict | None:
+        """The transaction open in this thread (``within``), if any: a thread's own, so that workers
+        simulated in threads, or autograd's device threads, never write into another's."""
+        return getattr(_OPEN, "transaction", None)
+
+    @_pending.setter
+    def _pending(self, transaction: dict | None) -> None:
+        _OPEN.transaction = transaction
 
     def load(self, store: dict, key: str, like: Tensor, initial: Any = None) -> Tensor | None:
         """The state ``store[key]`` (shaped like ``like``). Before the first ``save`` it is
@@ -470,6 +479,8 @@ class Ops(ABC):
         """A stored value as a plain Python/numpy value (for ``stats()`` and inspection)."""
         return state.numpy() if hasattr(state, "numpy") else state
 
+
+_OPEN = threading.local()
 
 UNIFORM_SCALE = 2.0**-24
 """``counter_uniform_bits`` gives 24 bits; times this, a float32 in [0, 1), exactly."""

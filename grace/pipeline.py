@@ -244,14 +244,56 @@ class Pipeline:
                 ops.counter(self._exchanges, name)
             compensated = memory.compensate(tensor, name, ops)
             payload, ctx = compressor.compress(compensated, name, ops, rank=group.rank)
+        ops.counter(self._counters, "bytes_dense", numel * ops.itemsize(dtype))
+        ops.counter(self._counters, "tensors")
+        if not dense and compressor.agrees_on_form:
+            return self._agree_on_form(compensated, payload, ctx, name, group, ops, nonfinite, transaction)
+        return self._send_payload(compressor, memory, communicator, compensated, payload, ctx, name,
+                                  group, ops, nonfinite, transaction)
+
+    def _send_payload(self, compressor, memory, communicator, compensated, payload, ctx, name, group,
+                      ops, nonfinite, transaction) -> Pending:
+        with ops.within(transaction):
             if compressor.rounds == 1:
                 memory.update(compensated, name, compressor, payload, ctx, ops)
         handle = self._send(communicator, payload, f"grace.{name}", group, ops)
-        ops.counter(self._counters, "bytes_dense", numel * ops.itemsize(dtype))
-        ops.counter(self._counters, "tensors")
         return Pending(name, ctx, compressor, communicator, handle, ops, memory=memory,
                        compensated=compensated if compressor.rounds == 2 else None,
                        nonfinite=nonfinite, transaction=transaction)
+
+    def _agree_on_form(self, compensated, payload, ctx, name, group, ops, nonfinite, transaction):
+        """For a compressor whose encoded size depends on the data (``agrees_on_form``): the
+        workers agree, by one 4-byte allreduce, whether every one of them sends its encoded
+        payload (each, lengths included, smaller than the tensor) or all send the tensor dense
+        through allreduce (exactly the dense bytes). Deciding alone, a worker would have to say which
+        form it sent, in bytes beyond the dense tensor's."""
+        local = self.compressor.not_smaller(payload, ctx, ops)
+        ops.counter(self._counters, "bytes_control", ops.nbytes(local))
+        agreed = ops.dropped(group.synchronize(group.allreduce_async(local, f"grace.{name}.form")))
+        flat = ops.flatten(compensated)
+
+        def way(dense, transaction):
+            if dense:
+                dense_ctx = Context(ctx.shape, ctx.dtype, ctx.numel, rank=ctx.rank)
+                return self._send_payload(self._dense_compressor, self.memory, self._dense_communicator,
+                                          compensated, [flat], dense_ctx, name, group, ops, nonfinite,
+                                          transaction)
+            return self._send_payload(self.compressor, self.memory, self.communicator, compensated,
+                                      payload, ctx, name, group, ops, nonfinite, transaction)
+
+        if isinstance(agreed, bool):
+            return way(agreed, transaction)
+
+        def deferred(discard, scale):  # a traced graph: the agreement is known when it runs
+            def run(dense):
+                writes = None if transaction is None else dict(transaction)  # each branch its own
+                pending = way(dense, writes)
+                total = self._collect(pending, group, scale)
+                return total if writes is None else ops.nan_if(ops.commit(writes, discard), total)
+            return ops.cond(agreed, lambda: run(True), lambda: run(False))
+
+        return Pending(name, ctx, self.compressor, self.communicator, None, ops, nonfinite=nonfinite,
+                       deferred=deferred)
 
     @staticmethod
     def _carries_nonfinite(compressor, memory, communicator) -> bool:

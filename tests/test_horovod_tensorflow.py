@@ -132,3 +132,11 @@ def test_warmup_under_tf_function_switches_from_dense_to_compressed(tf_run):
     assert infos[0]["traces"] == 2  # traced once (plus TensorFlow's variable-creating trace)
     # Four dense exchanges of W and b, then six of W's 64 values and indices and b dense.
     assert infos[0]["stats"]["bytes_sent"] == 4 * (1288 * 4) + 6 * (64 * 8 + 8 * 4)
+
+
+def test_inceptionn_workers_agree_to_send_dense_inside_tf_function(tf_run):
+    """INCEPTIONN's encoded form would not shrink W: inside the traced step the workers agree, and
+    all allreduce the dense tensor, whose average is plain SGD's, at exactly the dense bytes."""
+    infos = check(tf_run, "tape_function_inceptionn_dense", reference.simulate())
+    assert infos[0]["traces"] == 2
+    assert infos[0]["stats"]["bytes_sent"] == infos[0]["stats"]["bytes_dense"] == STEPS * 1288 * 4

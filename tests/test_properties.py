@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import grace
+from grace.compressors import CATALOGUE
 from grace.compressors.topk import kept
 from grace.compressors.u8bit import TABLE
 
@@ -182,3 +183,71 @@ def test_natural_rounds_denormals_to_zero_or_the_smallest_normal():
     out = np.asarray(roundtrip(grace.natural(), x))
     assert set(np.unique(out)) <= {0.0, 2.0**-126}
     assert abs(out.mean() - 2.0**-127) < 5 * 2.0**-126 / 2 / math.sqrt(4000)  # unbiased
+
+
+# --- never more bytes than dense ------------------------------------------------------------------
+def adversarial(kind: str, numel: int, seed: int):
+    """Inputs that push a compressor's payload up: ties, constants, sparsity, huge values."""
+    rng = np.random.default_rng(seed)
+    if kind == "constant":
+        return np.full(numel, 0.75, np.float32)
+    if kind == "plus_minus":  # ±c: every element ties with the threshold of each sign
+        return np.where(rng.random(numel) < 0.5, -0.75, 0.75).astype(np.float32)
+    if kind == "sparse":
+        x = np.zeros(numel, np.float32)
+        x[rng.integers(0, numel, max(1, numel // 100))] = rng.standard_normal(max(1, numel // 100))
+        return x
+    if kind == "large":  # every element beyond INCEPTIONN's 16-bit class and a threshold's bar
+        return (rng.standard_normal(numel) * 1e3).astype(np.float32)
+    return rng.standard_normal(numel).astype(np.float32)
+
+
+KINDS = ["constant", "plus_minus", "sparse", "large", "gaussian"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", sorted(cls.name for cls in CATALOGUE))
+def test_never_more_bytes_than_dense(name, kind):
+    """On 2 workers (in process), through the pipeline with its defaults (the dense fallback, the
+    lengths of variable-size payloads and all), for tensors around min_numel, float32 and float16:
+    the payload bytes a worker puts into collectives never exceed the dense tensor's. Every case is
+    run, not sampled: one combination that breaks the promise is enough."""
+    import torch
+
+    from grace.backends import InProcessGroup
+
+    for numel in (1023, 1024, 1031, 4096):
+        for half in (False, True):
+            x = torch.from_numpy(adversarial(kind, numel, numel))
+            x = x.half() if half else x
+            pipelines = [grace.build(name) for _ in range(2)]
+            group = InProcessGroup(2)
+            for _ in range(2):  # a second step with residuals in the compensated tensor
+                # Each worker in a thread, as in its own process: workers that agree on the
+                # payload's form wait for each other in start.
+                run_threads([lambda r=r, p=p: p.reduce(x * (r + 1), "t", group.worker(r))
+                             for r, p in enumerate(pipelines)])
+            for pipeline in pipelines:
+                stats = pipeline.stats()
+                assert stats["bytes_sent"] <= stats["bytes_dense"], (numel, half, stats)
+
+
+def run_threads(functions):
+    """Call each function in its own thread (two-round compressors wait for the others)."""
+    import threading
+
+    errors = []
+
+    def call(fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 (re-raised below, in the test's thread)
+            errors.append(e)
+
+    threads = [threading.Thread(target=call, args=(fn,)) for fn in functions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]

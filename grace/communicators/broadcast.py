@@ -32,4 +32,6 @@ class Broadcast(Communicator):
         return [[group.synchronize(h) for h in per_root] for per_root in handle]
 
     def bytes_sent(self, payload, group, ops):
-        return sum(ops.nbytes(t) for t in payload)
+        # One broadcast per worker: this worker's payload as root, and a tensor of the same size
+        # into each of the others' (Horovod's receive buffer).
+        return sum(ops.nbytes(t) for t in payload) * group.size

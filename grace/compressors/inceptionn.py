@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from grace.compressor import Compressor, compute_dtype
+from grace.compressor import LENGTH_BYTES, Compressor, compute_dtype
 from grace.validation import check_positive
 
 
@@ -10,13 +10,15 @@ class Inceptionn(Compressor):
     (0 bits), the others are sent as a signed multiple of ``e`` in 8 bits when it fits in 7 bits,
     else in 16 bits when it fits in 15, else as the float itself (32 bits). A 2-bit tag per element
     says which. Every element is reproduced within ``e / 2`` (exactly in the 32-bit class). Should
-    the encoded form not be smaller than the tensor, the tensor is sent as it is. Li et al.,
+    the encoded form (its lengths included) not be smaller than the tensor on some worker, every
+    worker sends the tensor dense that step (``agrees_on_form``). Li et al.,
     "A Network-Centric Hardware/Algorithm Co-Design to Accelerate Distributed Training of Deep Neural
     Networks", MICRO 2018."""
 
     name = "inceptionn"
     default_communicator = "allgather"
     fixed_size = False
+    agrees_on_form = True
 
     def __init__(self, error_bound: float = 2.0**-10):
         self.error_bound = check_positive("error_bound", error_bound)
@@ -25,46 +27,34 @@ class Inceptionn(Compressor):
         return {"error_bound": self.error_bound}
 
     def encode(self, flat, name, ctx, ops):
-        n = ctx.numel
         x = ops.cast(flat, compute_dtype(ctx.dtype))
-        itemsize = ops.itemsize(ctx.dtype)
-        fast = None
         if ctx.dtype == "float32":
             fast = ops.fused("inceptionn_encode", x,
                              ops.constant([1.0 / self.error_bound], "float32", like=flat))
-        if fast is not None:
-            tags, small, medium, large = fast
-            encoded = (-(-n // 4) + ops.size(small) + 2 * ops.size(medium) + itemsize * ops.size(large))
-            return ops.cond(encoded >= n * itemsize, lambda: self._dense(flat, ops),
-                            lambda: [tags, small, medium, large])
+            if fast is not None:
+                return list(fast)
         steps = ops.round(ops.scale(x, 1.0 / self.error_bound))
         size = ops.abs(steps)
         tag = ops.add(ops.add(ops.cast(ops.greater_equal(size, 1.0), "int32"),
                               ops.cast(ops.greater_equal(size, 128.0), "int32")),
                       ops.cast(ops.greater_equal(size, 32768.0), "int32"))
         in_class = [ops.nonzero(ops.equal(tag, c)) for c in (1, 2, 3)]
-        encoded = (-(-n // 4) + ops.size(in_class[0]) + 2 * ops.size(in_class[1])
-                   + itemsize * ops.size(in_class[2]))
-        return ops.cond(
-            encoded >= n * itemsize,
-            lambda: self._dense(flat, ops),
-            lambda: [ops.pack_bits(tag, 2),
-                     ops.cast(ops.gather(steps, in_class[0]), "int8"),
-                     ops.cast(ops.gather(steps, in_class[1]), "int16"),
-                     ops.gather(flat, in_class[2])])
+        return [ops.pack_bits(tag, 2),
+                ops.cast(ops.gather(steps, in_class[0]), "int8"),
+                ops.cast(ops.gather(steps, in_class[1]), "int16"),
+                ops.gather(flat, in_class[2])]
 
-    @staticmethod
-    def _dense(flat, ops):
-        """The payload that sends the tensor as it is."""
-        return [ops.zeros(0, "uint8", like=flat), ops.zeros(0, "int8", like=flat),
-                ops.zeros(0, "int16", like=flat), flat]
+    def not_smaller(self, payload, ctx, ops):
+        tags, small, medium, large = payload
+        encoded = (ops.size(tags) + ops.size(small) + 2 * ops.size(medium)
+                   + ops.itemsize(ctx.dtype) * ops.size(large) + LENGTH_BYTES * len(payload))
+        dense = ctx.numel * ops.itemsize(ctx.dtype)
+        if isinstance(encoded, int):
+            return ops.constant([1.0 if encoded >= dense else 0.0], "float32", like=tags)
+        return ops.reshape(ops.cast(ops.greater_equal(encoded, dense), "float32"), [1])
 
     def decode(self, payload, ctx, ops):
         packed, small, medium, large = payload
-        return ops.cond(ops.size(packed) == 0, lambda: large,
-                        lambda: self._decode_classes(packed, small, medium, large, ctx, ops))
-
-    def _decode_classes(self, packed, small, medium, large, ctx, ops):
         n, dtype = ctx.numel, compute_dtype(ctx.dtype)
         if ctx.dtype == "float32":
             fast = ops.fused("inceptionn_decode", packed, small, medium, large,

@@ -113,6 +113,8 @@ scenarios = {
                                                         grace.randomk(0.05, seed=3), momentum=0.9),
     "legacy_dgc_momentum": lambda: legacy_optimizer("legacy_dgc_momentum",
                                                     grace.dgc(0.05, sample_ratio=1.0), momentum=0.9),
+    "tape_function_inceptionn_dense": lambda: tape_training(  # every element in the 32-bit class
+        "tape_function_inceptionn_dense", grace.inceptionn(error_bound=2.0**-30), True),
     "tape_function_dgc_warmup": lambda: tape_training(
         "tape_function_dgc_warmup", grace.dgc(0.05, sample_ratio=1.0, warmup_steps=4), True),
 }
