@@ -5,3 +5,26 @@ import sys
 # (workers/common.py, workers/scenarios.py) by module name.
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "workers"))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def gloo_run(tmp_path_factory):
+    """tests/workers/torch_train.py on 2 Gloo workers, every scenario: one run for the session."""
+    from launch import ROOT, horovodrun
+
+    out = tmp_path_factory.mktemp("gloo")
+    horovodrun(os.path.join(ROOT, "tests", "workers", "torch_train.py"), str(out))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tf_run(tmp_path_factory):
+    """tests/workers/tf_train.py on 2 Gloo workers, every scenario: one run for the session."""
+    from launch import ROOT, horovodrun
+
+    out = tmp_path_factory.mktemp("tf")
+    horovodrun(os.path.join(ROOT, "tests", "workers", "tf_train.py"), str(out))
+    return out

@@ -76,7 +76,8 @@ def test_shaped_link_limits_a_transfer():
 def test_two_host_comparison_on_tiny_settings(tmp_path):
     """Both frameworks on 2 emulated hosts at 20 Mbit/s, uncompressed against top-k: every run
     reports; the uncompressed allreduce puts each gradient byte on the wire once each way (ring on 2
-    workers), top-k's payload is 1% values plus indices, and it makes the step faster on this link."""
+    workers), top-k's payload is 1% values plus indices, it makes the step faster on this link, and
+    both learn."""
     results = compare.main(["--workloads", "mnist", "--frameworks", "torch,tf",
                             "--compressors", "fp32,topk:ratio=0.01", "--rates", "20mbit",
                             "--workers", "2", "--epochs", "1", "--steps", "4", "--out",
@@ -90,7 +91,10 @@ def test_two_host_comparison_on_tiny_settings(tmp_path):
         assert 2 * dense * 4 < fp32["wire_bytes_per_step"] < 2.3 * dense * 4
         assert topk["bytes_per_step"] < fp32["bytes_per_step"] / 40
         assert topk["step_s"] < fp32["step_s"] / 2
-        assert 0.0 < topk["epochs"][0]["test_accuracy"] <= 1.0
+        # Four steps of momentum SGD take the MLP from chance (0.10) to 0.58-0.73 here, compressed or
+        # not; a run whose gradients were not combined and applied would stay near 0.10.
+        assert fp32["epochs"][0]["test_accuracy"] > 0.4
+        assert topk["epochs"][0]["test_accuracy"] > 0.4
     for name in ("results.csv", "results.md", "results.json", "throughput_vs_rate_mnist.png",
                  "test_accuracy_vs_time_mnist.png", "torch_vs_tf.png"):
         assert (tmp_path / name).stat().st_size > 0

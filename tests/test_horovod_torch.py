@@ -19,13 +19,6 @@ WORKER = os.path.join(ROOT, "tests", "workers", "torch_train.py")
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def gloo_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gloo")
-    horovodrun(WORKER, str(out))
-    return out
-
-
 def load(out, name, ranks=2):
     weights = [np.load(out / f"{name}.rank{r}.npz") for r in range(ranks)]
     infos = [json.loads((out / f"{name}.rank{r}.json").read_text()) for r in range(ranks)]
@@ -158,3 +151,55 @@ def assert_steps_alike(run, name):
 @pytest.mark.parametrize("name", grace.available())
 def test_every_compressor_steps_alike_on_two_workers(gloo_run, name):
     assert_steps_alike(gloo_run, name)
+
+
+# --- Horovod's semantics, where state in the pipeline could break them -----------------------------
+def test_accumulation_before_a_stateful_compressor(gloo_run):
+    """backward_passes_per_step=2 sums two backward passes locally, then top-k with error feedback
+    compresses the sum once (grace.none() goes through Horovod's own allreduce and cannot show it)."""
+    check(gloo_run, "topk_passes2", reference.simulate(reference.topk_with_residual(0.05), passes=2))
+
+
+def test_groups_start_a_groups_tensors_together(gloo_run):
+    """With one group, no tensor's exchange starts before both gradients exist; without groups, the
+    first starts as soon as its own gradient does."""
+    _, grouped = load(gloo_run, "topk_groups")
+    _, ungrouped = load(gloo_run, "topk")
+    assert grouped[0]["ready_at_start"] == [2] * 20
+    assert ungrouped[0]["ready_at_start"][::2] == [1] * 10
+
+
+def test_sum_of_the_vote(gloo_run):
+    """op=Sum with signSGD: each step applies the majority vote times the number of workers."""
+    w, b = (a.astype(np.float64) for a in reference.init_weights(0))
+    for step in range(10):
+        grads = [reference.gradients(w.astype(np.float32), b.astype(np.float32),
+                                     *reference.batch(r, step)) for r in range(2)]
+        votes = np.sign(sum(np.where(gw >= 0, 1.0, -1.0) for gw, _ in grads))
+        w = w - 0.002 * 2 * votes
+        b = b - 0.002 * sum(gb for _, gb in grads)  # 8 elements: dense, summed
+    check(gloo_run, "signsgd_sum", (w, b))
+
+
+def test_gradient_predivide_factor_keeps_fp16_payloads_in_range(gloo_run):
+    """Gradients scaled by 1e5 overflow float16 (65504); divided by 1000 before the cast, they do
+    not, and the result is the average (the weights within float16's rounding of 2^-11 of ~200 per
+    step, times the learning rate, over 10 steps: 1e-3). Without predivision the run goes to NaN."""
+    weights, _ = load(gloo_run, "fp16_predivide")
+    expected_w, expected_b = reference.simulate()
+    np.testing.assert_allclose(weights[0]["w"], expected_w, atol=1e-3, rtol=0)
+    np.testing.assert_allclose(weights[0]["b"], expected_b, atol=1e-3, rtol=0)
+    np.testing.assert_array_equal(weights[0]["w"], weights[1]["w"])
+    control, _ = load(gloo_run, "fp16_not_predivided")
+    assert not np.isfinite(control[0]["w"]).all()
+
+
+def test_a_process_set_trains_as_a_job_of_its_size(tmp_path):
+    horovodrun(os.path.join(ROOT, "tests", "workers", "torch_process_set.py"), str(tmp_path), np=3)
+    expected_w, expected_b = reference.simulate(reference.topk_with_residual(0.05))
+    for rank in range(2):
+        weights = np.load(tmp_path / f"process_set.rank{rank}.npz")
+        np.testing.assert_allclose(weights["w"], expected_w, atol=TOL, rtol=0)
+        np.testing.assert_allclose(weights["b"], expected_b, atol=TOL, rtol=0)
+    outside = np.load(tmp_path / "process_set.rank2.npz")
+    np.testing.assert_array_equal(outside["w"], reference.init_weights(0)[0])

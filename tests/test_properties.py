@@ -92,7 +92,11 @@ def bound_holds(name, pipeline, x, out):
     if name == "inceptionn":
         return np.all(np.abs(out - x) <= c.error_bound / 2 + 1e-6 * np.abs(x))
     if name == "powersgd":
-        return True  # a low-rank approximation has no element-wise bound: shape, dtype, finiteness
+        # One worker's round trip is P Pᵀ M, with P orthonormal: an orthogonal projection of M, so
+        # ||M - out||² + ||out||² = ||M||² (Pythagoras), and ||out|| <= ||M||.
+        total = float(np.sum(x * x))
+        rest, kept_ = float(np.sum((x - out) ** 2)), float(np.sum(out * out))
+        return kept_ <= total * (1 + 1e-4) + 1e-30 and abs(rest + kept_ - total) <= 1e-4 * total + 1e-30
     raise AssertionError(name)
 
 

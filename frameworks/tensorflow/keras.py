@@ -31,8 +31,40 @@ def _apply(self, grads, trainable_variables=None):
             "grace (Horovod's collectives) cannot run inside an XLA-compiled step: compile the model "
             "with jit_compile=False (jit_compile='auto' does this for you)")
     variables = self._trainable_variables if trainable_variables is None else list(trainable_variables)
-    grads = self._grace_reduce(list(grads), variables)
+    steps = self.gradient_accumulation_steps
+    if steps:
+        grads = _accumulated(self, list(grads), variables, steps)
+    else:
+        grads = self._grace_reduce(list(grads), variables)
     return super(self.__class__, self).apply(grads, trainable_variables)
+
+
+def _accumulated(self, grads, variables, steps):
+    """With ``gradient_accumulation_steps``: the micro-steps' gradients are summed locally, and the
+    sum is combined over the workers once, on the update step. Keras accumulates whatever apply()
+    receives and applies ``(g + accumulated) / steps`` on the update step; it gets zeros before and
+    the combined sum then, so it applies the workers' average of the accumulated gradients, and
+    grace communicates once per update, not once per micro-step."""
+    if not hasattr(self, "_grace_sums"):
+        self._grace_sums = [None if g is None else tf.Variable(tf.zeros_like(v), trainable=False)
+                            for g, v in zip(grads, variables)]
+        self._grace_micro = tf.Variable(0, dtype=tf.int64, trainable=False)
+    sums = [None if g is None else total.assign_add(tf.convert_to_tensor(g))
+            for g, total in zip(grads, self._grace_sums)]
+    micro = self._grace_micro.assign_add(1)
+
+    def combine():
+        combined = self._grace_reduce([None if t is None else tf.identity(t) for t in sums], variables)
+        for total in self._grace_sums:
+            if total is not None:
+                total.assign(tf.zeros_like(total))
+        return [tf.zeros_like(v) if c is None else c for c, v in zip(combined, variables)]
+
+    def wait():
+        return [tf.zeros_like(v) for v in variables]
+
+    out = tf.cond(micro % steps == 0, combine, wait)
+    return [None if g is None else o for g, o in zip(grads, out)]
 
 
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=None,

@@ -49,7 +49,7 @@ def loss_of(w, b, x, y):
     return tf.reduce_mean(tf.square(tf.matmul(x, w, transpose_b=True) + b - y))
 
 
-def tape_training(name, compression, use_function, lr=LR):
+def tape_training(name, compression, use_function, lr=LR, op=hvd.Average, groups=None):
     w, b = variables()
     traces = []
 
@@ -57,7 +57,7 @@ def tape_training(name, compression, use_function, lr=LR):
         traces.append(1)
         with tf.GradientTape() as tape:
             loss = loss_of(w, b, x, y)
-        tape = hvd.DistributedGradientTape(tape, compression=compression)
+        tape = hvd.DistributedGradientTape(tape, compression=compression, op=op, groups=groups)
         gw, gb = tape.gradient(loss, [w, b])
         w.assign_sub(lr * gw)
         b.assign_sub(lr * gb)
@@ -79,16 +79,19 @@ def legacy_optimizer(name, compression, momentum=0.0):
     save(name, w.numpy(), b.numpy(), compression.stats())
 
 
-def keras_fit(name, compression, different_start=True, momentum=0.0):
+def keras_fit(name, compression, different_start=True, momentum=0.0, accumulate=None):
     w, b = init_weights(0)
     model = keras.Sequential([keras.Input((w.shape[1],)), keras.layers.Dense(w.shape[0])])
     start = 0.0 if rank == 0 or not different_start else 1.0  # rank 0's weights are broadcast
     model.layers[0].set_weights([w.T + start, b + start])
-    opt = hvd_keras.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=momentum),
-                                         compression=compression)
+    # Keras divides an accumulated sum by its steps: twice the rate gives the sum's update.
+    base = keras.optimizers.SGD(LR * (accumulate or 1), momentum=momentum,
+                                gradient_accumulation_steps=accumulate)
+    opt = hvd_keras.DistributedOptimizer(base, compression=compression)
     model.compile(optimizer=opt, loss="mse")  # every other option left at its default
-    x = np.concatenate([batch(rank, s)[0] for s in range(args.steps)])
-    y = np.concatenate([batch(rank, s)[1] for s in range(args.steps)])
+    micro_steps = args.steps * (accumulate or 1)
+    x = np.concatenate([batch(rank, s)[0] for s in range(micro_steps)])
+    y = np.concatenate([batch(rank, s)[1] for s in range(micro_steps)])
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
               callbacks=[BroadcastGlobalVariablesCallback(0)])
     kernel, bias = model.layers[0].get_weights()
@@ -102,7 +105,12 @@ scenarios = {
     "tape_function_topk": lambda: tape_training("tape_function_topk", grace.topk(0.05), True),
     "tape_function_randomk": lambda: tape_training("tape_function_randomk",
                                                    grace.randomk(0.05, seed=3), True),
-    "tape_function_fp16_sum": lambda: tape_training("tape_function_fp16_sum", grace.fp16(), True),
+    "tape_function_fp16_sum": lambda: tape_training("tape_function_fp16_sum", grace.fp16(), True,
+                                                    op=hvd.Sum),
+    "tape_function_topk_groups": lambda: tape_training("tape_function_topk_groups", grace.topk(0.05),
+                                                       True, groups=2),
+    "keras_topk_accumulate2": lambda: keras_fit("keras_topk_accumulate2", grace.topk(0.05), False,
+                                                accumulate=2),
     "legacy_topk": lambda: legacy_optimizer("legacy_topk", grace.topk(0.05)),
     "keras_topk": lambda: keras_fit("keras_topk", grace.topk(0.05)),
     "keras_horovod_none": lambda: keras_fit("keras_horovod_none", hvd.Compression.none, False),

@@ -47,7 +47,7 @@ def model_and_data(seed=0):
 
 
 def train(name, make_compression, steps=args.steps, op=None, passes=1, optimizer="sgd",
-          clip=None, broadcast=False, seed=0, lr=LR, groups=None):
+          clip=None, broadcast=False, seed=0, lr=LR, groups=None, predivide=1.0, loss_scale=1.0):
     model = model_and_data(seed + (rank if broadcast else 0))
     if optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -59,9 +59,19 @@ def train(name, make_compression, steps=args.steps, op=None, passes=1, optimizer
         kwargs["op"] = op
     if groups is not None:
         kwargs["groups"] = groups
+    if predivide != 1.0:
+        kwargs["gradient_predivide_factor"] = predivide
     opt = hvd.DistributedOptimizer(opt, **kwargs)
     info = {"class_module": type(opt).__module__,
-            "grace": type(opt).__dict__.get("compression_stats") is not None}
+            "grace": type(opt).__dict__.get("compression_stats") is not None, "ready_at_start": []}
+    if info["grace"]:
+        # How many of the model's gradients exist whenever a tensor's exchange starts (groups).
+        start = opt._start
+
+        def recording(p):
+            info["ready_at_start"].append(sum(q.grad is not None for q in model.parameters()))
+            return start(p)
+        opt._start = recording
     if broadcast:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(opt, root_rank=0)
@@ -70,7 +80,7 @@ def train(name, make_compression, steps=args.steps, op=None, passes=1, optimizer
         for micro in range(passes):
             x, y = batch(rank, step * passes + micro)
             loss = torch.nn.functional.mse_loss(model(torch.from_numpy(x)), torch.from_numpy(y))
-            loss.backward()
+            (loss * loss_scale).backward()
         if clip is not None:
             opt.synchronize()
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
@@ -100,6 +110,15 @@ else:
         "none_passes2": lambda: train("none_passes2", lambda: grace.none(), passes=2),
         "topk_clip": lambda: train("topk_clip", lambda: grace.topk(0.05), clip=0.05),
         "topk_groups": lambda: train("topk_groups", lambda: grace.topk(0.05), groups=1),
+        # Horovod's semantics with state in the pipeline: accumulation before a stateful
+        # compressor, the vote summed, predivision where it matters (gradients beyond float16's
+        # range), and groups that start together.
+        "topk_passes2": lambda: train("topk_passes2", lambda: grace.topk(0.05), passes=2),
+        "signsgd_sum": lambda: train("signsgd_sum", lambda: grace.signsgd(), op=hvd.Sum, lr=0.002),
+        "fp16_predivide": lambda: train("fp16_predivide", lambda: grace.fp16(), predivide=1000.0,
+                                        loss_scale=1e5, lr=LR * 1e-5),
+        "fp16_not_predivided": lambda: train("fp16_not_predivided", lambda: grace.fp16(),
+                                             loss_scale=1e5, lr=LR * 1e-5),
         "none_adam_broadcast": lambda: train("none_adam_broadcast", lambda: grace.none(),
                                              optimizer="adam", broadcast=True),
         "hvd_fp16": lambda: train("hvd_fp16", lambda: hvd.Compression.fp16),

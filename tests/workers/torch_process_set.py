@@ -1,0 +1,43 @@
+"""Worker for tests/test_horovod_torch.py: grace in a Horovod process set. Three workers; ranks 0 and
+1 train common.py's model with top-k in the set {0, 1}, rank 2 takes no part, and the set's result
+must be that of a 2-worker job.
+
+    horovodrun -np 3 python tests/workers/torch_process_set.py OUTDIR"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+import horovod.torch as hvd  # noqa: E402
+import torch  # noqa: E402
+from common import LR, batch, init_weights  # noqa: E402
+
+import grace  # noqa: E402
+
+outdir = sys.argv[1]
+torch.set_num_threads(1)
+pair = hvd.ProcessSet([0, 1])
+hvd.init(process_sets=[pair])
+rank = hvd.rank()
+w, b = init_weights(0)
+model = torch.nn.Linear(w.shape[1], w.shape[0])
+with torch.no_grad():
+    model.weight.copy_(torch.from_numpy(w))
+    model.bias.copy_(torch.from_numpy(b))
+if pair.included():
+    compression = grace.topk(0.05)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                         named_parameters=model.named_parameters(),
+                                         compression=compression, process_set=pair)
+    for step in range(10):
+        x, y = (torch.from_numpy(a) for a in batch(rank, step))
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+np.savez(os.path.join(outdir, f"process_set.rank{rank}.npz"), w=model.weight.detach().numpy(),
+         b=model.bias.detach().numpy())
+hvd.allreduce(torch.zeros(1), name="done")  # every worker, the set's and the others, ends together
