@@ -1,7 +1,7 @@
 # The two commands of the README: `make run` and `make test`. Both set up first (idempotent, cached).
 PY := .venv/bin/python
 
-.PHONY: setup run test lint soak compare bench clean
+.PHONY: setup run test lint soak compare quality bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -19,6 +19,10 @@ soak: setup
 compare: setup
 	$(PY) scripts/compare.py --compressors fp32,hvd-fp16,topk:ratio=0.01,qsgd,efsignsgd,powersgd:rank=2 \
 		--rates 100mbit,1gbit,unshaped --workers 2,4
+
+# Every compressor trained to convergence against uncompressed training (docs/quality.md): hours.
+quality: setup
+	$(PY) scripts/quality.py --out out/quality
 
 # Compression cost against a plain copy, PowerSGD against PyTorch's hooks, the wrapper's overhead.
 bench: setup
