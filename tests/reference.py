@@ -31,16 +31,22 @@ def with_residual(choose):
     return compress
 
 
-def with_velocity(choose, momentum, nesterov=False, mask=False):
+def with_velocity(choose, momentum, nesterov=False, mask=False, dense_steps=0, dense_momentum=True):
     """Error feedback on the velocity (the ``momentum`` memory; with ``mask``, DGC's): each worker
     keeps ``u = momentum * u + g`` and compresses ``e + u`` (``e + g + momentum * u`` with
-    Nesterov); ``e`` keeps what was not sent; DGC's masking zeroes ``u`` where entries were sent."""
+    Nesterov); ``e`` keeps what was not sent; DGC's masking zeroes ``u`` where entries were sent.
+    The first ``dense_steps`` exchanges are a warm-up, sent dense: the velocity (which compression
+    then continues) where the momentum was taken over (``dense_momentum``), else the gradient."""
     residuals, velocities = {}, {}
 
     def compress(name, rank, step, g):
         key = (name, rank)
+        if step < dense_steps and not dense_momentum:
+            return g
         u = momentum * velocities.get(key, 0.0) + g
         velocities[key] = u
+        if step < dense_steps:
+            return u
         c = residuals.get(key, 0.0) + (g + momentum * u if nesterov else u)
         flat = c.reshape(-1)
         keep = choose(name, step, flat)

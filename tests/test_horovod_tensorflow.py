@@ -118,23 +118,8 @@ def test_tf1_momentum_optimizer_is_taken_over_by_dgc(tf_run):
 def test_warmup_under_tf_function_switches_from_dense_to_compressed(tf_run):
     """The tape sees no optimizer: DGC applies its own momentum (0.9) to W once compression starts,
     and the four warm-up steps are plain dense SGD, chosen inside the traced graph."""
-    residuals, velocities = {}, {}
-
-    def compress(name, rank, step, g):
-        if step < 4:
-            return g
-        key = (name, rank)
-        u = 0.9 * velocities.get(key, 0.0) + g
-        c = residuals.get(key, 0.0) + u
-        flat = c.reshape(-1)
-        keep = np.argsort(-np.abs(flat), kind="stable")[:64]
-        sent = np.zeros_like(flat)
-        sent[keep] = flat[keep]
-        sent = sent.reshape(c.shape)
-        residuals[key] = c - sent
-        velocities[key] = np.where(sent != 0, 0.0, u)
-        return sent
-
+    compress = reference.with_velocity(reference.largest(0.05), 0.9, mask=True, dense_steps=4,
+                                       dense_momentum=False)
     infos = check(tf_run, "tape_function_dgc_warmup", reference.simulate(compress))
     assert infos[0]["traces"] == 2  # traced once (plus TensorFlow's variable-creating trace)
     # Four dense exchanges of W and b, then six of W's 64 values and indices and b dense.

@@ -69,30 +69,9 @@ def test_a_compressor_that_does_not_own_momentum_leaves_the_optimizer_alone(run)
 
 def test_warmup_sends_dense_with_the_momentum_then_compresses_from_the_same_velocity(run):
     out, _ = run
-    check(out, "dgc_warmup", reference.simulate(warmup_then(4, M), momentum=DENSE_MOMENTUM))
-
-
-def warmup_then(steps, momentum):
-    """``steps`` dense exchanges of the velocity (no masking, nothing left out), then DGC's velocity
-    error feedback continuing from that velocity."""
-    residuals, velocities = {}, {}
-
-    def compress(name, rank, step, g):
-        key = (name, rank)
-        u = momentum * velocities.get(key, 0.0) + g
-        velocities[key] = u
-        if step < steps:
-            return u
-        c = residuals.get(key, 0.0) + u
-        flat = c.reshape(-1)
-        keep = np.argsort(-np.abs(flat), kind="stable")[:max(1, int(0.05 * flat.size))]
-        sent = np.zeros_like(flat)
-        sent[keep] = flat[keep]
-        sent = sent.reshape(c.shape)
-        residuals[key] = c - sent
-        velocities[key] = np.where(sent != 0, 0.0, u)
-        return sent
-    return compress
+    check(out, "dgc_warmup", reference.simulate(
+        reference.with_velocity(reference.largest(0.05), M, mask=True, dense_steps=4),
+        momentum=DENSE_MOMENTUM))
 
 
 def test_adam_beta1_is_taken_by_signum_and_dgc_only(run):

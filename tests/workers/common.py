@@ -37,3 +37,27 @@ def loss(w: np.ndarray, b: np.ndarray, ranks=(0, 1), steps: int = 10) -> float:
     """The mean squared error over all the batches the workers trained on."""
     errors = [np.mean((x @ w.T + b - y) ** 2) for r in ranks for x, y in (batch(r, s) for s in range(steps))]
     return float(np.mean(errors))
+
+
+def torch_linear(seed: int = 0):
+    """The model as a torch ``Linear`` holding ``init_weights(seed)`` (torch is imported here, so
+    that the numpy reference models never need it)."""
+    import torch
+
+    w, b = init_weights(seed)
+    model = torch.nn.Linear(w.shape[1], w.shape[0])
+    with torch.no_grad():
+        model.weight.copy_(torch.from_numpy(w))
+        model.bias.copy_(torch.from_numpy(b))
+    return model
+
+
+def train_linear(model, optimizer, rank: int, steps: int, first: int = 0) -> None:
+    """Steps ``first..steps-1`` of mean-squared-error training on this rank's batches."""
+    import torch
+
+    for step in range(first, steps):
+        x, y = (torch.from_numpy(a) for a in batch(rank, step))
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()

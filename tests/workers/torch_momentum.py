@@ -17,7 +17,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
-from common import LR, batch, init_weights  # noqa: E402
+from common import LR, torch_linear, train_linear  # noqa: E402
 
 import grace  # noqa: E402
 
@@ -48,11 +48,7 @@ hvd.init()
 rank = hvd.rank()
 
 for name, (make_compression, make_optimizer) in SCENARIOS.items():
-    w, b = init_weights(0)
-    model = torch.nn.Linear(w.shape[1], w.shape[0])
-    with torch.no_grad():
-        model.weight.copy_(torch.from_numpy(w))
-        model.bias.copy_(torch.from_numpy(b))
+    model = torch_linear()
     info = {}
     try:
         optimizer = hvd.DistributedOptimizer(make_optimizer([model.weight, model.bias]),
@@ -64,11 +60,7 @@ for name, (make_compression, make_optimizer) in SCENARIOS.items():
         group = optimizer.param_groups[0]
         info.update(momentum=group.get("momentum"), betas=group.get("betas"),
                     config=repr(optimizer._pipeline))
-        for step in range(10):
-            x, y = (torch.from_numpy(a) for a in batch(rank, step))
-            optimizer.zero_grad()
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            optimizer.step()
+        train_linear(model, optimizer, rank, 10)
     np.savez(os.path.join(outdir, f"{name}.rank{rank}.npz"), w=model.weight.detach().numpy(),
              b=model.bias.detach().numpy())
     with open(os.path.join(outdir, f"{name}.rank{rank}.json"), "w") as f:

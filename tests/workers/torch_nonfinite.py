@@ -18,7 +18,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
-from common import LR, batch, init_weights  # noqa: E402
+from common import LR, batch, torch_linear  # noqa: E402
 from scenarios import build, names  # noqa: E402
 
 COMPRESSORS = {name: (lambda name=name: build(name)) for name in names("torch", "nonfinite")}
@@ -31,12 +31,19 @@ hvd.init()
 rank = hvd.rank()
 
 
+def scaled_step(optimizer, scaler, loss):
+    """A step under a loss scaler, as the docs show: the combined gradients are unscaled, and the
+    step is skipped where they are not finite."""
+    scaler.scale(loss).backward()
+    optimizer.synchronize()
+    scaler.unscale_(optimizer)
+    with optimizer.skip_synchronize():
+        scaler.step(optimizer)
+    scaler.update()
+
+
 def run(name, mode):
-    w, b = init_weights(0)
-    model = torch.nn.Linear(w.shape[1], w.shape[0])
-    with torch.no_grad():
-        model.weight.copy_(torch.from_numpy(w))
-        model.bias.copy_(torch.from_numpy(b))
+    model = torch_linear()
     compression = COMPRESSORS[name]()
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
                                          named_parameters=model.named_parameters(),
@@ -56,12 +63,7 @@ def run(name, mode):
         loss = torch.nn.functional.mse_loss(model(x), y)
         if mode == "overflow" and step == OVERFLOW_STEP and rank == 1:
             loss = loss * math.inf
-        scaler.scale(loss).backward()
-        optimizer.synchronize()
-        scaler.unscale_(optimizer)
-        with optimizer.skip_synchronize():
-            scaler.step(optimizer)
-        scaler.update()
+        scaled_step(optimizer, scaler, loss)
         if mode == "overflow" and step == OVERFLOW_STEP:
             torch.save(compression.state_dict(), os.path.join(outdir, f"{name}.after.rank{rank}.pt"))
             unchanged = bool(torch.equal(model.weight, weight_before))
@@ -106,13 +108,7 @@ def run_one_layer(name, mode):
                        os.path.join(outdir, f"layer_{name}.before.rank{rank}.pt"))
         x, y = (torch.from_numpy(a) for a in batch(rank, step))
         optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x)[:, :8], y)
-        scaler.scale(loss).backward()
-        optimizer.synchronize()
-        scaler.unscale_(optimizer)
-        with optimizer.skip_synchronize():
-            scaler.step(optimizer)
-        scaler.update()
+        scaled_step(optimizer, scaler, torch.nn.functional.mse_loss(model(x)[:, :8], y))
         if mode == "overflow" and step == OVERFLOW_STEP:
             torch.save(compression.state_dict(), os.path.join(outdir, f"layer_{name}.after.rank{rank}.pt"))
     np.savez(os.path.join(outdir, f"layer_{name}.{mode}.rank{rank}.npz"),

@@ -14,7 +14,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
-from common import LR, batch, init_weights  # noqa: E402
+from common import LR, torch_linear, train_linear  # noqa: E402
 
 import grace  # noqa: E402
 
@@ -23,21 +23,13 @@ torch.set_num_threads(1)
 pair = hvd.ProcessSet([0, 1])
 hvd.init(process_sets=[pair])
 rank = hvd.rank()
-w, b = init_weights(0)
-model = torch.nn.Linear(w.shape[1], w.shape[0])
-with torch.no_grad():
-    model.weight.copy_(torch.from_numpy(w))
-    model.bias.copy_(torch.from_numpy(b))
+model = torch_linear()
 if pair.included():
     compression = grace.topk(0.05)
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
                                          named_parameters=model.named_parameters(),
                                          compression=compression, process_set=pair)
-    for step in range(10):
-        x, y = (torch.from_numpy(a) for a in batch(rank, step))
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
+    train_linear(model, optimizer, rank, 10)
 np.savez(os.path.join(outdir, f"process_set.rank{rank}.npz"), w=model.weight.detach().numpy(),
          b=model.bias.detach().numpy())
 hvd.allreduce(torch.zeros(1), name="done")  # every worker, the set's and the others, ends together

@@ -17,7 +17,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
-from common import LR, batch, init_weights  # noqa: E402
+from common import LR, torch_linear, train_linear  # noqa: E402
 from scenarios import build as build_compression  # noqa: E402
 from scenarios import names  # noqa: E402
 
@@ -28,11 +28,7 @@ rank = hvd.rank()
 
 
 def build(name):
-    w, b = init_weights(0)
-    model = torch.nn.Linear(w.shape[1], w.shape[0])
-    with torch.no_grad():
-        model.weight.copy_(torch.from_numpy(w))
-        model.bias.copy_(torch.from_numpy(b))
+    model = torch_linear()
     # Momentum 0.5: the compressors that own the momentum take it over, and resume with it.
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.5)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
@@ -41,11 +37,7 @@ def build(name):
 
 
 def steps(model, optimizer, first, last):
-    for step in range(first, last):
-        x, y = (torch.from_numpy(a) for a in batch(rank, step))
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(model(x), y).backward()
-        optimizer.step()
+    train_linear(model, optimizer, rank, last, first)
 
 
 for name in names("torch", "resume"):

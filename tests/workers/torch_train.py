@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import CATALOGUE_LR, LR, batch, init_weights  # noqa: E402
+from common import CATALOGUE_LR, LR, batch, torch_linear  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("outdir")
@@ -37,18 +37,9 @@ hvd.init()
 rank = hvd.rank()
 
 
-def model_and_data(seed=0):
-    w, b = init_weights(seed)
-    model = torch.nn.Linear(w.shape[1], w.shape[0])
-    with torch.no_grad():
-        model.weight.copy_(torch.from_numpy(w))
-        model.bias.copy_(torch.from_numpy(b))
-    return model
-
-
 def train(name, make_compression, steps=args.steps, op=None, passes=1, optimizer="sgd",
           clip=None, broadcast=False, seed=0, lr=LR, groups=None, predivide=1.0, loss_scale=1.0):
-    model = model_and_data(seed + (rank if broadcast else 0))
+    model = torch_linear(seed + (rank if broadcast else 0))
     if optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=lr)
     else:
