@@ -45,6 +45,14 @@ def payload_budget(numel: int, itemsize: int, parts: int) -> int:
     return numel * itemsize - LENGTH_BYTES * parts - 1
 
 
+def at_least_bytes(nbytes, limit: int, ops, like) -> Tensor:
+    """``not_smaller``'s answer, from an encoded size (an int, or a scalar tensor in a traced
+    graph): a 1-element float32 tensor, 1 where ``nbytes >= limit``."""
+    if isinstance(nbytes, int):
+        return ops.constant([1.0 if nbytes >= limit else 0.0], "float32", like=like)
+    return ops.reshape(ops.cast(ops.greater_equal(nbytes, limit), "float32"), [1])
+
+
 def capped(x, indices, cap: int, ops):
     """``indices`` (into the 1-d ``x``), or, if there are more than ``cap``, the ``cap`` of them
     where ``|x|`` is largest: how a sparsifier whose count depends on the data keeps its payload
@@ -137,9 +145,10 @@ class Compressor(ABC):
         compute it without materialising the decompressed tensor)."""
         return ops.sub(compensated, self.decompress(payload, ctx, ops))
 
-    def not_smaller(self, payload: Payload, ctx: Context, ops: Ops) -> Tensor:
-        """For ``agrees_on_form``: a 1-element float32 tensor, 1 where this payload with its lengths
-        would not be smaller than the dense tensor, else 0."""
+    def not_smaller(self, flat: Tensor, ctx: Context, ops: Ops) -> Tensor:
+        """For ``agrees_on_form``: a 1-element float32 tensor, 1 where the encoding of the 1-d
+        ``flat``, its lengths included, might not be smaller than the dense tensor, else 0 (an
+        upper bound of the encoded size will do; it decides before anything is encoded)."""
         raise NotImplementedError
 
     def accepts(self, shape: tuple[int, ...]) -> bool:

@@ -283,24 +283,72 @@ class Ops(ABC):
     # full-size temporary. Each first asks ``fused`` for grace/native's single-pass loop (on the
     # CPU), which gives the same bits; tests/test_native.py holds them to that.
 
-    def quantize_levels(self, x: Tensor, divisor: Tensor, levels: int, bits: int,
-                        seed_of: Callable[[Any], int], step: Any) -> Tensor:
+    def quantize_levels(self, x: Tensor, divisors: Tensor, levels: int, bits: int,
+                        seed_of: Callable[[Any], int], step: Any, block: int | None = None) -> Tensor:
         """Stochastic rounding of ``|x| / divisor * levels`` to an integer ``q`` (up with probability
-        equal to the fraction, by ``random_uniform(seed_of, step)``), sent as the sign-magnitude code
-        ``2 q + (x < 0)`` of ``bits`` bits, packed. ``divisor``: a positive 1-element tensor."""
+        equal to the fraction, by ``random_uniform(seed_of, step)``), at most ``levels`` (elements
+        beyond the divisor are clipped to it), sent as the sign-magnitude code ``2 q + (x < 0)`` of
+        ``bits`` bits, packed. ``divisors``: positive, one per ``block`` consecutive elements (one
+        for the whole tensor without ``block``)."""
+        n = self.numel(x)
+        block = n if block is None else block
         if bits <= MAX_FUSED_BITS:
-            fast = self.fused("quantize_levels", x, divisor, seed=(seed_of, step), levels=levels,
-                              bits=bits)
+            fast = self.fused("quantize_levels", x, divisors, seed=(seed_of, step), levels=levels,
+                              bits=bits, block=max(block, 1))
             if fast is not None:
                 return fast[0]
+        from grace.buckets import Buckets
+
+        buckets = Buckets.of(n, block)
         dtype = self.dtype(x)
-        level = self.scale(self.div(self.abs(x), divisor), float(levels))
+        level = self.scale(buckets.flat(self.div(buckets.rows(self.abs(x), self),
+                                                 buckets.column(self.cast(divisors, dtype), self)),
+                                        self), float(levels))
         low = self.floor(level)
-        uniform = self.random_uniform(self.numel(x), seed_of, step, like=x)
+        uniform = self.random_uniform(n, seed_of, step, like=x)
         up = self.less(self.cast(uniform, dtype), self.sub(level, low))
-        q = self.add(low, self.cast(up, dtype))
+        q = self.minimum(self.add(low, self.cast(up, dtype)), float(levels))
         negative = self.cast(self.less(x, 0.0), dtype)
         return self.pack_bits(self.cast(self.add(self.scale(q, 2.0), negative), "int32"), bits)
+
+    def block_sums(self, x: Tensor, block: int) -> Tensor:
+        """Per block of ``block`` consecutive elements of the 1-d ``x``: the count of ``x >= 0``,
+        the sum of those elements, the sum of the others, and the sum of squares, as a (4, blocks)
+        float64 tensor, accumulated in float64."""
+        if self.dtype(x) == "float32":
+            fast = self.fused("block_sums", x, block=block)
+            if fast is not None:
+                return fast[0]
+        from grace.buckets import Buckets
+
+        buckets = Buckets.of(self.numel(x), block)
+        rows = buckets.rows(self.cast(x, "float64"), self)
+        nonnegative = self.greater_equal(rows, 0.0)
+        zero = self.zeros(1, "float64", like=rows)
+        # The padding's zeros count as non-negative (and add nothing): take them out of the count.
+        padding = self.constant([0.0] * (buckets.count - 1) + [float(buckets.pad)], "float64", like=rows)
+        return self.reshape(self.concat([
+            self.sub(self.row_sums(self.cast(nonnegative, "float64")), padding),
+            self.row_sums(self.where(nonnegative, rows, zero)),
+            self.row_sums(self.where(nonnegative, zero, rows)),
+            self.row_sums(self.mul(rows, rows))]), (4, buckets.count))
+
+    def unpack_blocks(self, packed: Tensor, bits: int, n: int, tables: Tensor, block: int) -> Tensor:
+        """``tables[i // block, code]`` for each of the ``n`` codes ``pack_bits`` packed: decoding
+        with one table of ``2**bits`` values per block of ``block`` elements (``tables``: (blocks,
+        2**bits), the output's dtype)."""
+        if 8 % bits == 0 and self.dtype(tables) == "float32":
+            fast = self.fused("unpack_blocks", packed, tables, bits=bits, n=n, block=block)
+            if fast is not None:
+                return fast[0]
+        from grace.buckets import Buckets
+
+        buckets = Buckets.of(n, block)
+        codes = buckets.rows(self.cast(self.unpack_bits(packed, bits, n), "int32"), self)
+        offsets = self.mul(self.arange(buckets.count, "int32", like=codes),
+                           self.constant([1 << bits], "int32", like=codes))
+        index = buckets.flat(self.add(codes, buckets.column(offsets, self)), self)
+        return self.gather(self.flatten(tables), index)
 
     def sign_bits(self, x: Tensor) -> Tensor:
         """One bit per element, 1 where ``x >= 0``, packed."""
@@ -308,19 +356,6 @@ class Ops(ABC):
         if fast is not None:
             return fast[0]
         return self.pack_bits(self.greater_equal(x, 0.0), 1)
-
-    def sign_bits_with_sums(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """``sign_bits(x)``, and ``[count of x >= 0, sum of x >= 0, sum of x < 0]`` in ``x``'s dtype,
-        each summed in float64 and rounded once (as ``sum``)."""
-        fast = self.fused("sign_bits_with_sums", x)
-        if fast is not None:
-            return fast[0], self.cast(fast[1], self.dtype(x))
-        nonnegative = self.greater_equal(x, 0.0)
-        zero = self.zeros(1, self.dtype(x), like=x)  # broadcast by where: no tensor of zeros
-        sums = self.concat([self.sum(self.cast(nonnegative, self.dtype(x))),
-                            self.sum(self.where(nonnegative, x, zero)),
-                            self.sum(self.where(nonnegative, zero, x))])
-        return self.pack_bits(nonnegative, 1), sums
 
     def order_statistics(self, x: Tensor, ranks: Sequence[int]) -> Tensor:
         """``sort(x)[ranks]`` for 1-d ``x``: a few order statistics, which an adapter may find

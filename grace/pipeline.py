@@ -239,15 +239,17 @@ class Pipeline:
         if self.check_finite and (count or not carries):
             nonfinite = self._flag(tensor, name, group, ops) if flag and not carries else None
             transaction = {}
+        agree = not dense and compressor.agrees_on_form
         with ops.within(transaction):
             if count:
                 ops.counter(self._exchanges, name)
             compensated = memory.compensate(tensor, name, ops)
-            payload, ctx = compressor.compress(compensated, name, ops, rank=group.rank)
+            if not agree:
+                payload, ctx = compressor.compress(compensated, name, ops, rank=group.rank)
         ops.counter(self._counters, "bytes_dense", numel * ops.itemsize(dtype))
         ops.counter(self._counters, "tensors")
-        if not dense and compressor.agrees_on_form:
-            return self._agree_on_form(compensated, payload, ctx, name, group, ops, nonfinite, transaction)
+        if agree:
+            return self._agree_on_form(compensated, name, group, ops, nonfinite, transaction)
         return self._send_payload(compressor, memory, communicator, compensated, payload, ctx, name,
                                   group, ops, nonfinite, transaction)
 
@@ -261,23 +263,26 @@ class Pipeline:
                        compensated=compensated if compressor.rounds == 2 else None,
                        nonfinite=nonfinite, transaction=transaction)
 
-    def _agree_on_form(self, compensated, payload, ctx, name, group, ops, nonfinite, transaction):
+    def _agree_on_form(self, compensated, name, group, ops, nonfinite, transaction):
         """For a compressor whose encoded size depends on the data (``agrees_on_form``): the
         workers agree, by one 4-byte allreduce, whether every one of them sends its encoded
         payload (each, lengths included, smaller than the tensor) or all send the tensor dense
         through allreduce (exactly the dense bytes). Deciding alone, a worker would have to say which
-        form it sent, in bytes beyond the dense tensor's."""
-        local = self.compressor.not_smaller(payload, ctx, ops)
+        form it sent, in bytes beyond the dense tensor's. Each worker's vote comes from the tensor,
+        before it is encoded (``Compressor.not_smaller``), so a dense step encodes nothing."""
+        shape, dtype, numel = ops.shape(compensated), ops.dtype(compensated), ops.numel(compensated)
+        flat = ops.flatten(compensated)
+        local = self.compressor.not_smaller(flat, Context(shape, dtype, numel, rank=group.rank), ops)
         ops.counter(self._counters, "bytes_control", ops.nbytes(local))
         agreed = ops.dropped(group.synchronize(group.allreduce_async(local, f"grace.{name}.form")))
-        flat = ops.flatten(compensated)
 
         def way(dense, transaction):
             if dense:
-                dense_ctx = Context(ctx.shape, ctx.dtype, ctx.numel, rank=ctx.rank)
                 return self._send_payload(self._dense_compressor, self.memory, self._dense_communicator,
-                                          compensated, [flat], dense_ctx, name, group, ops, nonfinite,
-                                          transaction)
+                                          compensated, [flat], Context(shape, dtype, numel), name,
+                                          group, ops, nonfinite, transaction)
+            with ops.within(transaction):
+                payload, ctx = self.compressor.compress(compensated, name, ops, rank=group.rank)
             return self._send_payload(self.compressor, self.memory, self.communicator, compensated,
                                       payload, ctx, name, group, ops, nonfinite, transaction)
 
@@ -292,8 +297,8 @@ class Pipeline:
                 return total if writes is None else ops.nan_if(ops.commit(writes, discard), total)
             return ops.cond(agreed, lambda: run(True), lambda: run(False))
 
-        return Pending(name, ctx, self.compressor, self.communicator, None, ops, nonfinite=nonfinite,
-                       deferred=deferred)
+        return Pending(name, Context(shape, dtype, numel), self.compressor, self.communicator, None, ops,
+                       nonfinite=nonfinite, deferred=deferred)
 
     @staticmethod
     def _carries_nonfinite(compressor, memory, communicator) -> bool:

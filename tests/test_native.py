@@ -58,30 +58,54 @@ def test_the_counter_based_draws_are_the_same_in_c_numpy_and_torch(n):
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("levels, bits", [(1, 2), (7, 4), (15, 5), (127, 8)])
-def test_quantize_levels_is_the_composite_code(n, levels, bits):
+@pytest.mark.parametrize("block", [None, 512, 1000])
+def test_quantize_levels_is_the_composite_code(n, levels, bits, block):
     x = data(n, seed=levels)
-    divisor = TORCH.norm(x) if levels > 1 else TORCH.max_abs(x)
-    args = (x, divisor, levels, bits, lambda step: SEED + int(step), 3)
+    if block is None:
+        # One divisor; TernGrad's clip below the largest magnitude, so that some levels saturate.
+        divisor = TORCH.norm(x) if levels > 1 else TORCH.scale(TORCH.max_abs(x), 0.5)
+    else:
+        divisor = torch.rand(-(-n // block), generator=torch.Generator().manual_seed(block)) + 0.5
+    args = (x, divisor, levels, bits, lambda step: SEED + int(step), 3, block)
     fused = TORCH.quantize_levels(*args)
     expected = composite("quantize_levels")(*args)
     assert fused.dtype == torch.uint8 and fused.numel() == (n * bits + 7) // 8
     assert torch.equal(fused, expected)
     np.testing.assert_array_equal(
         fused.numpy(), NUMPY.quantize_levels(x.numpy(), divisor.numpy(), *args[2:]))
+    top = int((TORCH.unpack_bits(fused, bits, n).long() // 2).max())
+    # Never beyond the top level; exactly at it where divisors lie below the largest magnitudes.
+    assert top == levels if block is not None or levels == 1 else top < levels
 
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("kind", ["gaussian", "integers"])
-def test_sign_bits_and_their_sums_are_the_composite_code(n, kind):
+@pytest.mark.parametrize("block", [512, 1000, SIZES[-1] + 1])
+def test_block_sums_are_the_composite_code(n, kind, block):
     x = data(n, kind)
-    expected_bits, expected_sums = composite("sign_bits_with_sums")(x)
-    assert torch.equal(TORCH.sign_bits(x), expected_bits)
-    bits, sums = TORCH.sign_bits_with_sums(x)
-    assert torch.equal(bits, expected_bits)
+    fused = TORCH.block_sums(x, block)
+    expected = composite("block_sums")(x, block)
+    assert fused.shape == (4, -(-n // block)) and fused.dtype == torch.float64
+    assert torch.equal(fused[0], expected[0])  # counts
     if kind == "integers":
-        assert torch.equal(sums, expected_sums)
+        assert torch.equal(fused, expected)
     else:  # float64 sums in another order: equal once rounded to float32 but for a rare last bit
-        torch.testing.assert_close(sums, expected_sums, rtol=2.0**-23, atol=0.0)
+        torch.testing.assert_close(fused, expected, rtol=2.0**-23, atol=0.0)
+    first = x[:min(block, n)].double()
+    assert fused[0, 0] == (first >= 0).sum() and fused[3, 0] == pytest.approx((first * first).sum().item())
+    assert torch.equal(TORCH.sign_bits(x), composite("sign_bits")(x))
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("bits", [1, 2, 4])
+def test_unpack_blocks_is_the_composite_code(n, bits):
+    g = torch.Generator().manual_seed(bits)
+    codes = torch.randint(0, 1 << bits, (n,), generator=g, dtype=torch.int32)
+    packed = TORCH.pack_bits(codes, bits)
+    tables = torch.randn(-(-n // 512), 1 << bits, generator=g)
+    decoded = TORCH.unpack_blocks(packed, bits, n, tables, 512)
+    assert torch.equal(decoded, tables[torch.arange(n) // 512, codes.long()])
+    assert torch.equal(decoded, composite("unpack_blocks")(packed, bits, n, tables, 512))
 
 
 @pytest.mark.parametrize("n", SIZES)

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from grace.compressor import LENGTH_BYTES, Compressor, compute_dtype
+from grace.compressor import LENGTH_BYTES, Compressor, at_least_bytes, compute_dtype
 from grace.validation import check_positive
 
 
@@ -44,14 +44,17 @@ class Inceptionn(Compressor):
                 ops.cast(ops.gather(steps, in_class[1]), "int16"),
                 ops.gather(flat, in_class[2])]
 
-    def not_smaller(self, payload, ctx, ops):
-        tags, small, medium, large = payload
-        encoded = (ops.size(tags) + ops.size(small) + 2 * ops.size(medium)
-                   + ops.itemsize(ctx.dtype) * ops.size(large) + LENGTH_BYTES * len(payload))
-        dense = ctx.numel * ops.itemsize(ctx.dtype)
-        if isinstance(encoded, int):
-            return ops.constant([1.0 if encoded >= dense else 0.0], "float32", like=tags)
-        return ops.reshape(ops.cast(ops.greater_equal(encoded, dense), "float32"), [1])
+    def not_smaller(self, flat, ctx, ops):
+        # How many elements reach each class, counted against thresholds a little below the
+        # classes' own (rounding half to even at |x| / e = 0.5, 127.5, 32767.5): an upper bound of
+        # the encoded size, from three counting passes instead of an encoding.
+        x = ops.cast(flat, compute_dtype(ctx.dtype))
+        below = self.error_bound * (1.0 - 2.0**-20)
+        beyond = [ops.count_at_least(x, c * below) for c in (0.5, 127.5, 32767.5)]
+        itemsize = ops.itemsize(ctx.dtype)
+        encoded = (-(-ctx.numel // 4) + beyond[0] + beyond[1] + (itemsize - 2) * beyond[2]
+                   + 4 * LENGTH_BYTES)
+        return at_least_bytes(encoded, ctx.numel * itemsize, ops, like=flat)
 
     def decode(self, payload, ctx, ops):
         packed, small, medium, large = payload

@@ -5,8 +5,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from grace.buckets import DEFAULT_BUCKET_SIZE, Buckets
 from grace.compressor import TINY, Compressor, Seeded, compute_dtype, numel_of
-from grace.compressors.buckets import DEFAULT_BUCKET_SIZE, Buckets
 from grace.validation import check_int
 
 
@@ -44,33 +44,22 @@ class QSGD(Seeded, Compressor):
         # A norm beyond the dtype's range (values near its maximum) is clamped, which keeps the
         # output finite at the price of bias for such tensors only.
         largest = float(np.finfo(ctx.dtype if ctx.dtype != "bfloat16" else "float32").max)
-        step = self.next_step(name, ops)
-        seed_of = self._seed_of(name, ctx, shared=False)
-        if buckets.count == 1:
-            norm = ops.minimum(ops.norm(x), largest)
-            codes = ops.quantize_levels(x, ops.maximum(norm, TINY), self.levels, self.bits, seed_of, step)
-            return [ops.cast(norm, ctx.dtype), codes]
-        rows = buckets.rows(x, ops)
-        norms = ops.minimum(ops.row_norms(rows), largest)
-        # Each element divided by its bucket's norm, then quantized against 1: the same arithmetic
-        # as dividing by the norm inside the quantizer, one bucket at a time.
-        divided = buckets.flat(ops.div(rows, buckets.column(ops.maximum(norms, TINY), ops)), ops)
-        unit = ops.full(1, 1.0, ops.dtype(x), like=x)
-        codes = ops.quantize_levels(divided, unit, self.levels, self.bits, seed_of, step)
+        squares = buckets.sums(x, ops)[3]
+        norms = ops.minimum(ops.cast(ops.sqrt(squares), ops.dtype(x)), largest)
+        codes = ops.quantize_levels(x, ops.maximum(norms, TINY), self.levels, self.bits,
+                                    self._seed_of(name, ctx, shared=False), self.next_step(name, ops),
+                                    block=buckets.size)
         return [ops.cast(norms, ctx.dtype), codes]
 
     def decode(self, payload, ctx, ops):
         norms, packed = payload
         dtype = compute_dtype(ctx.dtype)
         buckets = self.buckets(ctx.numel)
-        if buckets.count == 1:
-            values = level_values(self.bits, ops.scale(ops.cast(norms, dtype), 1.0 / self.levels),
-                                  ctx, ops, like=packed)
-            return ops.unpack_values(packed, self.bits, ctx.numel, values)
-        table = ops.scale(ops.constant(_signed_levels(self.bits), dtype, like=packed), 1.0 / self.levels)
-        levels = ops.unpack_values(packed, self.bits, ctx.numel, table)
-        scaled = ops.mul(buckets.rows(levels, ops), buckets.column(ops.cast(norms, dtype), ops))
-        return ops.cast(buckets.flat(scaled, ops), ctx.dtype)
+        # Each bucket's 2^bits values, ±q * norm / s: the elements are decoded through them.
+        units = ops.reshape(ops.scale(ops.cast(norms, dtype), 1.0 / self.levels), (buckets.count, 1))
+        signed = ops.reshape(ops.constant(_signed_levels(self.bits), dtype, like=packed), (1, -1))
+        tables = ops.cast(ops.mul(units, signed), ctx.dtype)
+        return ops.unpack_blocks(packed, self.bits, ctx.numel, tables, buckets.size)
 
     def payload_nbytes(self, shape, itemsize):
         numel = numel_of(shape)

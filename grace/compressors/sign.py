@@ -6,16 +6,10 @@ from __future__ import annotations
 import math
 import warnings
 
+from grace.buckets import DEFAULT_BUCKET_SIZE, Buckets
 from grace.compressor import Compressor, compute_dtype, numel_of
-from grace.compressors.buckets import DEFAULT_BUCKET_SIZE, Buckets
 from grace.momentum import OwnsMomentum
 from grace.validation import check_int
-
-
-def _split(bits_and_sums, ops):
-    """``sign_bits_with_sums``' result as the bits and the three sums, each a 1-element tensor."""
-    bits, sums = bits_and_sums
-    return bits, ops.split(sums, [1, 1, 1])
 
 
 def _signs(packed, ctx, ops, dtype, scale=None):
@@ -160,24 +154,18 @@ class EFSignSGD(Compressor):
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         buckets = Buckets.of(ctx.numel, self.bucket_size)
-        if buckets.count == 1:
-            bits, (_, positive, negative) = _split(ops.sign_bits_with_sums(x), ops)
-            scale = ops.scale(ops.sub(positive, negative), 1.0 / ctx.numel)
-            return [ops.cast(scale, ctx.dtype), bits]
-        dtype = ops.dtype(x)
-        magnitudes = ops.row_sums(ops.abs(buckets.rows(x, ops)))
-        scales = ops.div(magnitudes, buckets.lengths(dtype, ops, like=x))
+        _, positive, negative, _ = buckets.sums(x, ops)
+        lengths = buckets.lengths("float64", ops, like=positive)
+        scales = ops.div(ops.sub(positive, negative), lengths)  # the mean magnitude per bucket
         return [ops.cast(scales, ctx.dtype), ops.sign_bits(x)]
 
     def decode(self, payload, ctx, ops):
         scales, packed = payload
         buckets = Buckets.of(ctx.numel, self.bucket_size)
-        dtype = compute_dtype(ctx.dtype)
-        if buckets.count == 1:
-            return _signs(packed, ctx, ops, dtype, scales)
-        signs = ops.unpack_values(packed, 1, ctx.numel, ops.constant([-1.0, 1.0], dtype, like=packed))
-        scaled = ops.mul(buckets.rows(signs, ops), buckets.column(ops.cast(scales, dtype), ops))
-        return ops.cast(buckets.flat(scaled, ops), ctx.dtype)
+        # Each bucket's two values, -scale and +scale, for the bits 0 (x < 0) and 1.
+        signs = ops.reshape(ops.constant([-1.0, 1.0], ctx.dtype, like=packed), (1, 2))
+        tables = ops.mul(ops.reshape(scales, (buckets.count, 1)), signs)
+        return ops.unpack_blocks(packed, 1, ctx.numel, tables, buckets.size)
 
     def payload_nbytes(self, shape, itemsize):
         return Buckets.of(numel_of(shape), self.bucket_size).count * itemsize + _bits_nbytes(shape)
@@ -206,35 +194,21 @@ class OneBit(Compressor):
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         buckets = Buckets.of(ctx.numel, self.bucket_size)
-        dtype = ops.dtype(x)
-        if buckets.count == 1:
-            bits, (count, positive, negative) = _split(ops.sign_bits_with_sums(x), ops)
-            mean_pos = ops.div(positive, ops.maximum(count, 1.0))
-            rest = ops.sub(ops.full(1, float(ctx.numel), dtype, like=x), count)
-            mean_neg = ops.div(negative, ops.maximum(rest, 1.0))
-            return [ops.cast(ops.concat([mean_pos, mean_neg]), ctx.dtype), bits]
-        rows = buckets.rows(x, ops)
-        nonnegative = ops.greater_equal(rows, 0.0)
-        zero = ops.zeros(1, dtype, like=x)  # broadcast by where
-        lengths = buckets.lengths(dtype, ops, like=x)
-        # The padding's zeros count as non-negative (and add nothing): take them out of the count.
-        padding = ops.constant([0.0] * (buckets.count - 1) + [float(buckets.pad)], dtype, like=x)
-        count = ops.sub(ops.row_sums(ops.cast(nonnegative, dtype)), padding)
-        mean_pos = ops.div(ops.row_sums(ops.where(nonnegative, rows, zero)), ops.maximum(count, 1.0))
-        mean_neg = ops.div(ops.row_sums(ops.where(nonnegative, zero, rows)),
-                           ops.maximum(ops.sub(lengths, count), 1.0))
+        count, positive, negative, _ = buckets.sums(x, ops)
+        rest = ops.sub(buckets.lengths("float64", ops, like=count), count)
+        mean_pos = ops.div(positive, ops.maximum(count, 1.0))
+        mean_neg = ops.div(negative, ops.maximum(rest, 1.0))
         return [ops.cast(ops.concat([mean_pos, mean_neg]), ctx.dtype), ops.sign_bits(x)]
 
     def decode(self, payload, ctx, ops):
         means, packed = payload
         buckets = Buckets.of(ctx.numel, self.bucket_size)
         mean_pos, mean_neg = ops.split(means, [buckets.count, buckets.count])
-        if buckets.count == 1:
-            return ops.unpack_values(packed, 1, ctx.numel, ops.concat([mean_neg, mean_pos]))
-        bits = ops.unpack_values(packed, 1, ctx.numel, ops.constant([0.0, 1.0], "float32", like=packed))
-        rows = ops.greater_equal(buckets.rows(bits, ops), 0.5)
-        out = ops.where(rows, buckets.column(mean_pos, ops), buckets.column(mean_neg, ops))
-        return buckets.flat(out, ops)
+        # Each bucket's two values: its negative mean for the bit 0, its non-negative one for 1.
+        bit = ops.reshape(ops.greater_equal(ops.constant([0.0, 1.0], "float32", like=packed), 0.5), (1, 2))
+        tables = ops.where(bit, ops.reshape(mean_pos, (buckets.count, 1)),
+                           ops.reshape(mean_neg, (buckets.count, 1)))
+        return ops.unpack_blocks(packed, 1, ctx.numel, tables, buckets.size)
 
     def payload_nbytes(self, shape, itemsize):
         return 2 * Buckets.of(numel_of(shape), self.bucket_size).count * itemsize + _bits_nbytes(shape)

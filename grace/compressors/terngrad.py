@@ -36,8 +36,8 @@ class TernGrad(Seeded, Compressor):
         if self.clip is not None:
             rms = ops.scale(ops.norm(x), 1.0 / math.sqrt(ctx.numel))
             scale = ops.minimum(scale, ops.scale(rms, self.clip))
-            x = ops.minimum(ops.maximum(x, ops.scale(scale, -1.0)), scale)
-        # Stochastic rounding of |x| / s to 0 or 1 is keeping with probability |x| / s.
+        # Stochastic rounding of |x| / s to 0 or 1 is keeping with probability |x| / s; the
+        # quantizer saturates, which clips the elements beyond s to it.
         codes = ops.quantize_levels(x, ops.maximum(scale, TINY), 1, 2,
                                     self._seed_of(name, ctx, shared=False), self.next_step(name, ops))
         return [ops.cast(scale, ctx.dtype), codes]

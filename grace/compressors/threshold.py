@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from grace.compressor import LENGTH_BYTES, Compressor, capped, numel_of, payload_budget
+from grace.compressor import LENGTH_BYTES, Compressor, at_least_bytes
 from grace.ops import INDEX_BYTES, index_dtype
 from grace.validation import check_positive
 
@@ -8,15 +8,16 @@ from grace.validation import check_positive
 class Threshold(Compressor):
     """Threshold sparsification: send every entry whose magnitude reaches ``threshold``, as (values,
     int32 indices); error feedback keeps the rest. How many entries that is varies from step to step
-    and worker to worker, so the payload lengths travel with it. Should so many pass that the
-    payload would not be smaller than the tensor, only the largest that fit are sent (``capped``),
-    and error feedback keeps the others for the next steps. Strom, "Scalable Distributed DNN
-    Training Using Commodity GPU Cloud Computing", Interspeech 2015."""
+    and worker to worker, so the payload lengths travel with it. Should so many pass on some worker
+    that its payload would not be smaller than the tensor, every worker sends the tensor dense that
+    step (``agrees_on_form``). Strom, "Scalable Distributed DNN Training Using Commodity GPU Cloud
+    Computing", Interspeech 2015."""
 
     name = "threshold"
     default_memory = "residual"
     default_communicator = "allgather"
     fixed_size = False
+    agrees_on_form = True
 
     def __init__(self, threshold: float = 0.01):
         self.threshold = check_positive("threshold", threshold)
@@ -24,21 +25,13 @@ class Threshold(Compressor):
     def params(self):
         return {"threshold": self.threshold}
 
-    @staticmethod
-    def cap(numel: int, itemsize: int) -> int:
-        """The most entries a payload holds and stays smaller than the tensor (lengths included)."""
-        return payload_budget(numel, itemsize, 2) // (itemsize + INDEX_BYTES[index_dtype(numel)])
-
-    def payload_nbytes(self, shape, itemsize):
-        n = numel_of(shape)
-        cap = self.cap(n, itemsize)
-        if cap < 1:  # not even one entry fits: the tensor travels dense
-            return n * itemsize
-        return cap * (itemsize + INDEX_BYTES[index_dtype(n)]) + 2 * LENGTH_BYTES
+    def not_smaller(self, flat, ctx, ops):
+        entry = ops.itemsize(ctx.dtype) + INDEX_BYTES[index_dtype(ctx.numel)]
+        encoded = ops.count_at_least(flat, self.threshold) * entry + 2 * LENGTH_BYTES
+        return at_least_bytes(encoded, ctx.numel * ops.itemsize(ctx.dtype), ops, like=flat)
 
     def encode(self, flat, name, ctx, ops):
-        cap = self.cap(ctx.numel, ops.itemsize(ctx.dtype))
-        indices = capped(flat, ops.indices_at_least(flat, self.threshold), cap, ops)
+        indices = ops.indices_at_least(flat, self.threshold)
         return [ops.gather(flat, indices), indices]
 
     def decode(self, payload, ctx, ops):

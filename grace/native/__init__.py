@@ -88,7 +88,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     i64, u32, f32, ptr = ctypes.c_int64, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p
     signatures = {
         "grace_uniform": [u32, u32, i64, i64, ptr],
-        "grace_quantize_levels": [ptr, i64, i64, f32, f32, u32, u32, ctypes.c_int, ptr],
+        "grace_quantize_levels": [ptr, i64, i64, ptr, i64, f32, u32, u32, ctypes.c_int, ptr],
+        "grace_block_sums": [ptr, i64, i64, i64, i64, i64, ptr],
+        "grace_unpack_blocks": [ptr, ctypes.c_int, i64, i64, ptr, i64, ptr],
         "grace_sign_bits": [ptr, i64, i64, ptr, ptr],
         "grace_unpack_values": [ptr, ctypes.c_int, i64, i64, ptr, ptr],
         "grace_sums": [ptr, i64, i64, ptr],
@@ -183,10 +185,18 @@ def _ranges(n: int) -> list[tuple[int, int]]:
     return [(start, min(step, n - start)) for start in range(0, n, step)] or [(0, 0)]
 
 
-def _parallel(n: int, call: Callable[[int, int, int], None]) -> int:
-    """Run ``call(index, start, count)`` over the ranges covering ``[0, n)``; returns how many."""
+def _block_ranges(n: int, block: int) -> list[tuple[int, int]]:
+    """``_ranges(n)`` as whole blocks of ``block`` elements: (first block, number of blocks)."""
+    count = -(-n // block)
+    edges = sorted({min(-(-start // block), count) for start, _ in _ranges(n)} | {count})
+    return [(a, b - a) for a, b in zip(edges, edges[1:])] or [(0, 0)]
+
+
+def _parallel(n: int, call: Callable[[int, int, int], None], ranges: list | None = None) -> int:
+    """Run ``call(index, start, count)`` over the ranges covering ``[0, n)`` (or over ``ranges``);
+    returns how many."""
     global _pool, _pool_size
-    ranges = _ranges(n)
+    ranges = _ranges(n) if ranges is None else ranges
     if len(ranges) == 1:
         call(0, *ranges[0])
         return 1
@@ -251,17 +261,40 @@ def uniform(n: int, seed: int) -> np.ndarray:
     return out
 
 
-def quantize_levels(x: np.ndarray, divisor: np.ndarray, seed: int, levels: int,
-                    bits: int) -> np.ndarray:
-    """``Ops.quantize_levels`` for float32 ``x``: the packed sign-magnitude codes."""
+def quantize_levels(x: np.ndarray, divisors: np.ndarray, seed: int, levels: int, bits: int,
+                    block: int) -> np.ndarray:
+    """``Ops.quantize_levels`` for float32 ``x``, each block of ``block`` elements against its own
+    float32 divisor: the packed sign-magnitude codes."""
     lib = _require()
     n = x.size
     k0, k1 = split_key(seed)
-    d = _value(divisor)
+    divisors = np.ascontiguousarray(divisors, np.float32)
     out = _empty((n * bits + 7) // 8, np.uint8)
     _parallel(n, lambda _, start, count: lib.grace_quantize_levels(
-        x.ctypes.data, start, count, d, float(levels), k0, k1, bits,
+        x.ctypes.data, start, count, divisors.ctypes.data, max(block, 1), float(levels), k0, k1, bits,
         out.ctypes.data + start * bits // 8))
+    return out
+
+
+def block_sums(x: np.ndarray, block: int) -> np.ndarray:
+    """Per block of ``block`` elements of float32 ``x``: the count of x >= 0, the float64 sums of
+    those and of the others, and the sum of squares, as a (4, blocks) float64 array."""
+    lib = _require()
+    n = x.size
+    total = -(-n // block)
+    out = np.empty((4, total), np.float64)
+    _parallel(n, lambda _, first, count: lib.grace_block_sums(
+        x.ctypes.data, n, block, first, count, total, out.ctypes.data), _block_ranges(n, block))
+    return out
+
+
+def unpack_blocks(packed: np.ndarray, tables: np.ndarray, bits: int, n: int, block: int) -> np.ndarray:
+    """``tables[i // block, code]`` (float32) for each of the ``n`` codes of ``bits`` bits packed."""
+    lib = _require()
+    tables = np.ascontiguousarray(tables, np.float32)
+    out = _empty(n, np.float32)
+    _parallel(n, lambda _, start, count: lib.grace_unpack_blocks(
+        packed.ctypes.data, bits, start, count, tables.ctypes.data, block, out.ctypes.data))
     return out
 
 
@@ -279,11 +312,6 @@ def _sign_bits(x: np.ndarray, with_sums: bool):
 def sign_bits(x: np.ndarray) -> np.ndarray:
     """``Ops.sign_bits`` for float32 ``x``: 1 where x >= 0, packed."""
     return _sign_bits(x, False)
-
-
-def sign_bits_with_sums(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``sign_bits(x)``, and the float64 count of x >= 0, sum of x >= 0 and sum of x < 0."""
-    return _sign_bits(x, True)
 
 
 def unpack_values(packed: np.ndarray, values: np.ndarray, bits: int, n: int) -> np.ndarray:
@@ -518,11 +546,11 @@ def bucketize_sums(x: np.ndarray, boundaries: np.ndarray) -> tuple[np.ndarray, n
 
 FUSED: dict[str, tuple[Callable, Callable]] = {
     # name: (the loop over numpy arrays, the outputs' (dtype, shape) from the inputs' shapes)
-    "quantize_levels": (quantize_levels, lambda x, divisor, levels, bits: [
+    "quantize_levels": (quantize_levels, lambda x, divisors, levels, bits, block: [
         ("uint8", ((x[0] * bits + 7) // 8,))]),
+    "block_sums": (block_sums, lambda x, block: [("float64", (4, -(-x[0] // block)))]),
+    "unpack_blocks": (unpack_blocks, lambda packed, tables, bits, n, block: [("float32", (n,))]),
     "sign_bits": (sign_bits, lambda x: [("uint8", ((x[0] + 7) // 8,))]),
-    "sign_bits_with_sums": (sign_bits_with_sums, lambda x: [
-        ("uint8", ((x[0] + 7) // 8,)), ("float64", (3,))]),
     "unpack_values": (unpack_values, lambda packed, values, bits, n: [("float32", (n,))]),
     "scaled_sum": (scaled_sum, lambda *shapes, alpha, beta: [("float32", shapes[-1])]),
     "natural_encode": (natural_encode, lambda x: [("uint8", x), ("uint8", ((x[0] + 7) // 8,))]),

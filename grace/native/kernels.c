@@ -93,28 +93,88 @@ static void pack(const uint8_t *codes, int64_t count, int bits, uint8_t *out) {
     }
 }
 
-/* Stochastic rounding to levels, sign-magnitude codes (QSGD; TernGrad with one level): level =
- * (|x| / divisor) * levels; q = floor(level) + (u < level - floor(level)); code = 2 q + (x < 0). */
-void grace_quantize_levels(const float *x, int64_t start, int64_t n, float divisor, float levels,
-                           uint32_t k0, uint32_t k1, int bits, uint8_t *out) {
+/* Stochastic rounding to levels, sign-magnitude codes (QSGD; TernGrad with one level), in blocks of
+ * `block` elements each divided by its own divisor: level = (|x| / divisors[i / block]) * levels;
+ * q = min(floor(level) + (u < level - floor(level)), levels); code = 2 q + (x < 0). Saturating at
+ * `levels` clips the elements beyond the divisor to it (TernGrad's clipping). */
+void grace_quantize_levels(const float *x, int64_t start, int64_t n, const float *divisors,
+                           int64_t block, float levels, uint32_t k0, uint32_t k1, int bits,
+                           uint8_t *out) {
     float u[BLOCK];
     uint8_t codes[BLOCK];
     uint8_t mask = (uint8_t)((1U << bits) - 1U);
+    int64_t bucket = start / block, left = block - start % block;  /* elements left in it */
     for (int64_t b = 0; b < n; b += BLOCK) {
         int64_t m = n - b < BLOCK ? n - b : BLOCK;
         const float *p = x + start + b;
         grace_uniform(k0, k1, start + b, m, u);
         for (int64_t j = 0; j < m; j++) {
+            if (left == 0) {
+                bucket++;
+                left = block;
+            }
+            left--;
             float v = p[j];
-            float level = (fabsf(v) / divisor) * levels;
+            float level = (fabsf(v) / divisors[bucket]) * levels;
             float low = floorf(level);
             float q = low + (u[j] < level - low ? 1.0f : 0.0f);
+            q = q < levels ? q : levels;
             /* A non-finite level (that step is dropped by the non-finite flag) must not be UB. */
-            q = q < 128.0f ? q : 0.0f;
+            q = q >= 0.0f ? q : 0.0f;
             int32_t code = (int32_t)q * 2 + (v < 0.0f ? 1 : 0);
             codes[j] = (uint8_t)code & mask;
         }
         pack(codes, m, bits, out + (b * bits) / 8);
+    }
+}
+
+/* Per block of `block` elements (blocks [first, first + count) of the n elements of x, `total` in
+ * all): the count of x >= 0, the float64 sums of those and of the others, and the float64 sum of
+ * squares, as 4 rows of `total` doubles. */
+void grace_block_sums(const float *x, int64_t n, int64_t block, int64_t first, int64_t count,
+                      int64_t total, double *out) {
+    for (int64_t k = first; k < first + count; k++) {
+        const float *p = x + k * block;
+        int64_t m = (k + 1) * block <= n ? block : n - k * block;
+        int64_t nonnegative = 0;
+        v4d positive = {0}, negative = {0}, squares = {0};
+        int64_t whole = m - m % 4;
+        for (int64_t j = 0; j < whole; j += 4) {
+            v4f f = load4(p + j);
+            v4d d = __builtin_convertvector(f, v4d);
+            v4l keep = __builtin_convertvector(f >= 0.0f, v4l);
+            positive += (v4d)((v4l)d & keep);
+            negative += (v4d)((v4l)d & ~keep);
+            squares += d * d;
+            nonnegative -= keep[0] + keep[1] + keep[2] + keep[3];  /* true lanes are -1 */
+        }
+        double pos = total4(positive), neg = total4(negative), sq = total4(squares);
+        for (int64_t j = whole; j < m; j++) {
+            double v = (double)p[j];
+            if (p[j] >= 0.0f) { pos += v; nonnegative++; } else neg += v;
+            sq += v * v;
+        }
+        out[k] = (double)nonnegative;
+        out[total + k] = pos;
+        out[2 * total + k] = neg;
+        out[3 * total + k] = sq;
+    }
+}
+
+/* tables[(i / block) * 2^bits + code] for the codes of elements [start, start + n): decoding with one
+ * small table per block (a scale per bucket). bits divides 8. */
+void grace_unpack_blocks(const uint8_t *packed, int bits, int64_t start, int64_t n, const float *tables,
+                         int64_t block, float *out) {
+    uint32_t mask = (1U << bits) - 1U;
+    int shift = bits == 1 ? 3 : bits == 2 ? 2 : bits == 4 ? 1 : 0;  /* log2 of codes per byte */
+    int64_t per = (int64_t)1 << shift;
+    for (int64_t lo = start; lo < start + n;) {
+        int64_t k = lo / block;
+        int64_t hi = (k + 1) * block < start + n ? (k + 1) * block : start + n;
+        const float *t = tables + k * ((int64_t)1 << bits);
+        for (int64_t i = lo; i < hi; i++)
+            out[i] = t[(packed[i >> shift] >> (bits * (i & (per - 1)))) & mask];
+        lo = hi;
     }
 }
 

@@ -52,3 +52,8 @@ class Buckets:
     def column(self, per_bucket, ops):
         """A 1-d tensor of one value per bucket as a column, to scale the rows by broadcasting."""
         return ops.reshape(per_bucket, (self.count, 1))
+
+    def sums(self, x, ops) -> list:
+        """Per bucket of the 1-d ``x``, in float64: the count of ``x >= 0``, the sum of those, the
+        sum of the others, the sum of squares (``Ops.block_sums``), as four 1-d tensors."""
+        return ops.split(ops.flatten(ops.block_sums(x, self.size)), [self.count] * 4)
