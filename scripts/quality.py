@@ -223,11 +223,11 @@ def plot(rows: list[dict], path: str) -> str | None:
                     handles.append(h)
                     labels.append(lab)
         fig.legend(handles + [plt.Line2D([], [], color="0.8", lw=2.5)], labels + ["fp32 (grey)"],
-                   loc="lower center", ncol=len(labels) + 1, fontsize=8)
+                   loc="upper right", ncol=len(labels) + 1, fontsize=8)
         fig.supxlabel("epoch")
         fig.supylabel(key)
         fig.suptitle(f"{workload}: {key} against epoch, each compressor at its defaults")
-        fig.tight_layout(rect=(0, 0.04, 1, 1))
+        fig.tight_layout(rect=(0, 0, 1, 0.94))  # the top strip: the title, and the legend at right
         out = path.replace(".png", f"_{workload}.png")
         fig.savefig(out, dpi=100)
         plt.close(fig)

@@ -91,7 +91,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "grace_quantize_levels": [ptr, i64, i64, ptr, i64, f32, u32, u32, ctypes.c_int, ptr],
         "grace_block_sums": [ptr, i64, i64, i64, i64, i64, ptr],
         "grace_unpack_blocks": [ptr, ctypes.c_int, i64, i64, ptr, i64, ptr],
-        "grace_sign_bits": [ptr, i64, i64, ptr, ptr],
+        "grace_sign_bits": [ptr, i64, i64, ptr],
         "grace_unpack_values": [ptr, ctypes.c_int, i64, i64, ptr, ptr],
         "grace_sums": [ptr, i64, i64, ptr],
         "grace_scaled_sum": [ptr, f32, ptr, f32, i64, i64, ptr],
@@ -298,20 +298,14 @@ def unpack_blocks(packed: np.ndarray, tables: np.ndarray, bits: int, n: int, blo
     return out
 
 
-def _sign_bits(x: np.ndarray, with_sums: bool):
+def sign_bits(x: np.ndarray) -> np.ndarray:
+    """``Ops.sign_bits`` for float32 ``x``: 1 where x >= 0, packed."""
     lib = _require()
     n = x.size
     out = _empty((n + 7) // 8, np.uint8)
-    partial = np.zeros((threads() + 1, 3))
-    used = _parallel(n, lambda index, start, count: lib.grace_sign_bits(
-        x.ctypes.data, start, count, out.ctypes.data + start // 8,
-        partial[index].ctypes.data if with_sums else None))
-    return (out, partial[:used].sum(0)) if with_sums else out
-
-
-def sign_bits(x: np.ndarray) -> np.ndarray:
-    """``Ops.sign_bits`` for float32 ``x``: 1 where x >= 0, packed."""
-    return _sign_bits(x, False)
+    _parallel(n, lambda _, start, count: lib.grace_sign_bits(
+        x.ctypes.data, start, count, out.ctypes.data + start // 8))
+    return out
 
 
 def unpack_values(packed: np.ndarray, values: np.ndarray, bits: int, n: int) -> np.ndarray:

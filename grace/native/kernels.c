@@ -178,37 +178,14 @@ void grace_unpack_blocks(const uint8_t *packed, int bits, int64_t start, int64_t
     }
 }
 
-/* One bit per element, 1 where x >= 0; with stats (may be NULL): the count of x >= 0, the float64
- * sum of those elements and the float64 sum of the others. */
-void grace_sign_bits(const float *x, int64_t start, int64_t n, uint8_t *out, double *stats) {
+/* One bit per element, 1 where x >= 0. */
+void grace_sign_bits(const float *x, int64_t start, int64_t n, uint8_t *out) {
     uint8_t codes[BLOCK];
-    int64_t count = 0;
-    v4d positive = {0}, negative = {0};
     for (int64_t b = 0; b < n; b += BLOCK) {
         int64_t m = n - b < BLOCK ? n - b : BLOCK;
         const float *p = x + start + b;
         for (int64_t j = 0; j < m; j++) codes[j] = (uint8_t)(p[j] >= 0.0f);
-        if (stats) {
-            for (int64_t j = 0; j < m; j++) count += codes[j];
-            int64_t whole = m - m % 4;
-            for (int64_t j = 0; j < whole; j += 4) {
-                v4f f = load4(p + j);
-                v4d d = __builtin_convertvector(f, v4d);
-                v4l keep = __builtin_convertvector(f >= 0.0f, v4l);
-                positive += (v4d)((v4l)d & keep);
-                negative += (v4d)((v4l)d & ~keep);
-            }
-            for (int64_t j = whole; j < m; j++) {
-                if (p[j] >= 0.0f) positive[0] += (double)p[j];
-                else negative[0] += (double)p[j];
-            }
-        }
         pack(codes, m, 1, out + b / 8);
-    }
-    if (stats) {
-        stats[0] = (double)count;
-        stats[1] = total4(positive);
-        stats[2] = total4(negative);
     }
 }
 
