@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import workloads  # noqa: E402
 
 import grace  # noqa: E402
+from grace.compressor import Context  # noqa: E402
 from grace.ops import ops_for  # noqa: E402
 
 TARGET_2 = ("topk", "randomk", "signsgd", "onebit", "terngrad", "qsgd")
@@ -73,6 +74,24 @@ def target(name: str) -> int:
 
 
 # --- the catalogue ------------------------------------------------------------------------------
+def sent_dense(comp, tensor, ops) -> bool:
+    """Whether the pipeline sends ``tensor`` dense at this step although it compresses it: for a
+    compressor that agrees on its form (threshold, INCEPTIONN), its vote (here a group of one)."""
+    if not comp.agrees_on_form:
+        return False
+    ctx = Context(ops.shape(tensor), ops.dtype(tensor), ops.numel(tensor))
+    return float(ops.to_numpy(comp.not_smaller(ops.flatten(tensor), ctx, ops))[0]) > 0
+
+
+def vote(comp, tensor, ops):
+    """The cost the pipeline adds before encoding: the vote of ``sent_dense``, where there is one
+    (returned, so that a traced graph keeps it)."""
+    if comp.agrees_on_form:
+        ctx = Context(ops.shape(tensor), ops.dtype(tensor), ops.numel(tensor))
+        return comp.not_smaller(ops.flatten(tensor), ctx, ops)
+    return None
+
+
 def torch_case(name, tensors, repeats, device, warmup=0):
     import torch
 
@@ -83,10 +102,13 @@ def torch_case(name, tensors, repeats, device, warmup=0):
     if not kept:
         return None
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    dense = [sent_dense(comp, t, ops) for t in kept]
     state = {}
 
-    def compress():
-        state["out"] = [comp.compress(t, f"t{i}", ops) for i, t in enumerate(kept)]
+    def compress():  # a tensor voted dense costs its vote only: it goes to the dense allreduce
+        for t in kept:
+            vote(comp, t, ops)
+        state["out"] = [comp.compress(t, f"t{i}", ops) for i, t in enumerate(kept) if not dense[i]]
 
     def decompress():
         for payload, ctx in state["out"]:
@@ -104,9 +126,10 @@ def torch_case(name, tensors, repeats, device, warmup=0):
 
     result = interleaved_medians({"copy_s": copy, "warm_copy_s": copy_into, "compress_s": compress,
                                   "decompress_s": decompress}, repeats, max(warmup, 1), sync)
-    payload = sum(ops.nbytes(p) for out, _ in state["out"] for p in out)
-    dense = sum(ops.nbytes(t) for t in kept)
-    return {**result, "payload_bytes": payload, "dense_bytes": dense, "tensors": len(kept)}
+    payload = (sum(ops.nbytes(p) for out, _ in state["out"] for p in out)
+               + sum(ops.nbytes(t) for t, d in zip(kept, dense) if d))
+    return {**result, "payload_bytes": payload, "dense_bytes": sum(ops.nbytes(t) for t in kept),
+            "tensors": len(kept)}
 
 
 def tf_case(name, arrays, repeats, warmup=0):
@@ -120,20 +143,27 @@ def tf_case(name, arrays, repeats, warmup=0):
     if not kept:
         return None
 
+    dense = [sent_dense(comp, t, ops) for t in kept]
+
+    def encode(xs):  # as torch_case: a tensor voted dense costs its vote only
+        votes = [v for v in (vote(comp, t, ops) for t in xs) if v is not None]
+        return [comp.compress(t, f"t{i}", ops) for i, t in enumerate(xs) if not dense[i]], votes
+
     @tf.function
     def compress(xs):
-        return [comp.compress(t, f"t{i}", ops)[0] for i, t in enumerate(xs)]
+        outs, votes = encode(xs)
+        return [payload for payload, _ in outs], votes
 
     @tf.function
     def round_trip(xs):
-        outs = [comp.compress(t, f"t{i}", ops) for i, t in enumerate(xs)]
-        return [comp.decompress(p, ctx, ops) for p, ctx in outs]
+        outs, votes = encode(xs)
+        return [comp.decompress(p, ctx, ops) for p, ctx in outs], votes
 
     @tf.function
     def copy(xs):
         return [tf.raw_ops.DeepCopy(x=t) for t in xs]
 
-    payloads = compress(kept)
+    payloads = compress(kept)[0]
     # The round trip is timed beside the copy, and compress alone afterwards: taking turns with it
     # would compress twice per round, and a stateful compressor (signum's momentum) would then
     # write one more fresh full-size buffer per round than PyTorch's side does.
@@ -143,7 +173,8 @@ def tf_case(name, arrays, repeats, warmup=0):
     # compress + decompress is the round trip's own median; compress alone only splits it.
     alone = interleaved_medians({"compress": lambda: compress(kept)}, repeats, 1)["compress"]
     compress_s = min(total_s, alone)
-    payload = sum(int(tf.size(p)) * p.dtype.size for out in payloads for p in out)
+    payload = (sum(int(tf.size(p)) * p.dtype.size for out in payloads for p in out)
+               + sum(int(tf.size(t)) * 4 for t, d in zip(kept, dense) if d))
     return {"copy_s": copy_s, "compress_s": compress_s, "decompress_s": total_s - compress_s,
             "payload_bytes": payload, "dense_bytes": sum(int(tf.size(t)) * 4 for t in kept),
             "tensors": len(kept)}
