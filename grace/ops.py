@@ -18,6 +18,8 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
+from grace.buckets import Buckets
+
 Tensor = Any
 """A framework tensor (numpy array, torch.Tensor, tf.Tensor): opaque to algorithm code."""
 
@@ -297,8 +299,6 @@ class Ops(ABC):
                               bits=bits, block=max(block, 1))
             if fast is not None:
                 return fast[0]
-        from grace.buckets import Buckets
-
         buckets = Buckets.of(n, block)
         dtype = self.dtype(x)
         level = self.scale(buckets.flat(self.div(buckets.rows(self.abs(x), self),
@@ -319,8 +319,6 @@ class Ops(ABC):
             fast = self.fused("block_sums", x, block=block)
             if fast is not None:
                 return fast[0]
-        from grace.buckets import Buckets
-
         buckets = Buckets.of(self.numel(x), block)
         rows = buckets.rows(self.cast(x, "float64"), self)
         nonnegative = self.greater_equal(rows, 0.0)
@@ -341,8 +339,6 @@ class Ops(ABC):
             fast = self.fused("unpack_blocks", packed, tables, bits=bits, n=n, block=block)
             if fast is not None:
                 return fast[0]
-        from grace.buckets import Buckets
-
         buckets = Buckets.of(n, block)
         codes = buckets.rows(self.cast(self.unpack_bits(packed, bits, n), "int32"), self)
         offsets = self.mul(self.arange(buckets.count, "int32", like=codes),

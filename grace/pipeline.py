@@ -270,21 +270,22 @@ class Pipeline:
         through allreduce (exactly the dense bytes). Deciding alone, a worker would have to say which
         form it sent, in bytes beyond the dense tensor's. Each worker's vote comes from the tensor,
         before it is encoded (``Compressor.not_smaller``), so a dense step encodes nothing."""
-        shape, dtype, numel = ops.shape(compensated), ops.dtype(compensated), ops.numel(compensated)
+        ctx = Context(ops.shape(compensated), ops.dtype(compensated), ops.numel(compensated),
+                      rank=group.rank)
         flat = ops.flatten(compensated)
-        local = self.compressor.not_smaller(flat, Context(shape, dtype, numel, rank=group.rank), ops)
+        local = self.compressor.not_smaller(flat, ctx, ops)
         ops.counter(self._counters, "bytes_control", ops.nbytes(local))
         agreed = ops.dropped(group.synchronize(group.allreduce_async(local, f"grace.{name}.form")))
 
         def way(dense, transaction):
             if dense:
                 return self._send_payload(self._dense_compressor, self.memory, self._dense_communicator,
-                                          compensated, [flat], Context(shape, dtype, numel), name,
-                                          group, ops, nonfinite, transaction)
+                                          compensated, [flat], ctx, name, group, ops, nonfinite,
+                                          transaction)
             with ops.within(transaction):
-                payload, ctx = self.compressor.compress(compensated, name, ops, rank=group.rank)
+                payload, encoded = self.compressor.compress(compensated, name, ops, rank=group.rank)
             return self._send_payload(self.compressor, self.memory, self.communicator, compensated,
-                                      payload, ctx, name, group, ops, nonfinite, transaction)
+                                      payload, encoded, name, group, ops, nonfinite, transaction)
 
         if isinstance(agreed, bool):
             return way(agreed, transaction)
@@ -297,8 +298,8 @@ class Pipeline:
                 return total if writes is None else ops.nan_if(ops.commit(writes, discard), total)
             return ops.cond(agreed, lambda: run(True), lambda: run(False))
 
-        return Pending(name, Context(shape, dtype, numel), self.compressor, self.communicator, None, ops,
-                       nonfinite=nonfinite, deferred=deferred)
+        return Pending(name, ctx, self.compressor, self.communicator, None, ops, nonfinite=nonfinite,
+                       deferred=deferred)
 
     @staticmethod
     def _carries_nonfinite(compressor, memory, communicator) -> bool:

@@ -74,22 +74,21 @@ def target(name: str) -> int:
 
 
 # --- the catalogue ------------------------------------------------------------------------------
-def sent_dense(comp, tensor, ops) -> bool:
-    """Whether the pipeline sends ``tensor`` dense at this step although it compresses it: for a
-    compressor that agrees on its form (threshold, INCEPTIONN), its vote (here a group of one)."""
-    if not comp.agrees_on_form:
-        return False
-    ctx = Context(ops.shape(tensor), ops.dtype(tensor), ops.numel(tensor))
-    return float(ops.to_numpy(comp.not_smaller(ops.flatten(tensor), ctx, ops))[0]) > 0
-
-
 def vote(comp, tensor, ops):
-    """The cost the pipeline adds before encoding: the vote of ``sent_dense``, where there is one
-    (returned, so that a traced graph keeps it)."""
+    """The cost the pipeline adds before encoding, for a compressor that agrees on its form
+    (threshold, INCEPTIONN): its vote, 1 for dense (returned, so that a traced graph keeps it);
+    ``None`` for the others."""
     if comp.agrees_on_form:
         ctx = Context(ops.shape(tensor), ops.dtype(tensor), ops.numel(tensor))
         return comp.not_smaller(ops.flatten(tensor), ctx, ops)
     return None
+
+
+def sent_dense(comp, tensor, ops) -> bool:
+    """Whether the pipeline sends ``tensor`` dense at this step although it compresses it: the vote,
+    here of a group of one."""
+    local = vote(comp, tensor, ops)
+    return local is not None and float(ops.to_numpy(local)[0]) > 0
 
 
 def torch_case(name, tensors, repeats, device, warmup=0):

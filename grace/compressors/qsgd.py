@@ -56,7 +56,7 @@ class QSGD(Seeded, Compressor):
         dtype = compute_dtype(ctx.dtype)
         buckets = self.buckets(ctx.numel)
         # Each bucket's 2^bits values, ±q * norm / s: the elements are decoded through them.
-        units = ops.reshape(ops.scale(ops.cast(norms, dtype), 1.0 / self.levels), (buckets.count, 1))
+        units = buckets.column(ops.scale(ops.cast(norms, dtype), 1.0 / self.levels), ops)
         signed = ops.reshape(ops.constant(_signed_levels(self.bits), dtype, like=packed), (1, -1))
         tables = ops.cast(ops.mul(units, signed), ctx.dtype)
         return ops.unpack_blocks(packed, self.bits, ctx.numel, tables, buckets.size)

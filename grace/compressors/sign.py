@@ -164,7 +164,7 @@ class EFSignSGD(Compressor):
         buckets = Buckets.of(ctx.numel, self.bucket_size)
         # Each bucket's two values, -scale and +scale, for the bits 0 (x < 0) and 1.
         signs = ops.reshape(ops.constant([-1.0, 1.0], ctx.dtype, like=packed), (1, 2))
-        tables = ops.mul(ops.reshape(scales, (buckets.count, 1)), signs)
+        tables = ops.mul(buckets.column(scales, ops), signs)
         return ops.unpack_blocks(packed, 1, ctx.numel, tables, buckets.size)
 
     def payload_nbytes(self, shape, itemsize):
@@ -206,8 +206,7 @@ class OneBit(Compressor):
         mean_pos, mean_neg = ops.split(means, [buckets.count, buckets.count])
         # Each bucket's two values: its negative mean for the bit 0, its non-negative one for 1.
         bit = ops.reshape(ops.greater_equal(ops.constant([0.0, 1.0], "float32", like=packed), 0.5), (1, 2))
-        tables = ops.where(bit, ops.reshape(mean_pos, (buckets.count, 1)),
-                           ops.reshape(mean_neg, (buckets.count, 1)))
+        tables = ops.where(bit, buckets.column(mean_pos, ops), buckets.column(mean_neg, ops))
         return ops.unpack_blocks(packed, 1, ctx.numel, tables, buckets.size)
 
     def payload_nbytes(self, shape, itemsize):

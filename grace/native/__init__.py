@@ -271,7 +271,7 @@ def quantize_levels(x: np.ndarray, divisors: np.ndarray, seed: int, levels: int,
     divisors = np.ascontiguousarray(divisors, np.float32)
     out = _empty((n * bits + 7) // 8, np.uint8)
     _parallel(n, lambda _, start, count: lib.grace_quantize_levels(
-        x.ctypes.data, start, count, divisors.ctypes.data, max(block, 1), float(levels), k0, k1, bits,
+        x.ctypes.data, start, count, divisors.ctypes.data, block, float(levels), k0, k1, bits,
         out.ctypes.data + start * bits // 8))
     return out
 
