@@ -97,6 +97,20 @@ class Ops(ABC):
     def split(self, x: Tensor, sizes: Sequence[int] | Tensor) -> list[Tensor]:
         """A 1-d tensor cut into consecutive pieces of the given sizes (ints, or a 1-d tensor)."""
 
+    @abstractmethod
+    def slice(self, x: Tensor, start: Any, length: Any) -> Tensor:
+        """``length`` consecutive elements of the 1-d ``x`` from ``start`` (ints, or scalar
+        tensors in a traced graph)."""
+
+    @abstractmethod
+    def to_bytes(self, x: Tensor) -> Tensor:
+        """The bytes of ``x``, as a 1-d uint8 tensor (native byte order), so that payload tensors of
+        any dtypes travel in one buffer."""
+
+    @abstractmethod
+    def from_bytes(self, b: Tensor, dtype: str) -> Tensor:
+        """The 1-d uint8 ``b`` read back as a 1-d tensor of ``dtype`` (``to_bytes``'s inverse)."""
+
     # --- arithmetic ----------------------------------------------------------------------------
     @abstractmethod
     def add(self, a: Tensor, b: Tensor) -> Tensor: ...

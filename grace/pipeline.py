@@ -1,12 +1,15 @@
-"""The per-tensor pipeline a factory such as ``grace.topk(0.01)`` returns."""
+"""The pipeline a factory such as ``grace.topk(0.01)`` returns: compression with error feedback,
+and the fused exchange of buckets of tensors."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
 
+from grace.bucketing import DEFAULT_BUCKET_BYTES, form_buckets
 from grace.collectives import Collectives
 from grace.communicator import Communicator
+from grace.communicators.allgather import Allgather
 from grace.communicators.allreduce import Allreduce
 from grace.compressor import Compressor, Context, numel_of
 from grace.compressors.none import NoneCompressor
@@ -15,24 +18,79 @@ from grace.memories.none import NoneMemory
 from grace.memory import Memory
 from grace.momentum import OptimizerMomentum, owner
 from grace.ops import FLOAT_DTYPES, Ops, Tensor, ops_for
+from grace.packing import (
+    ByteLayout,
+    SumLayout,
+    pack_bytes,
+    pack_sums,
+    packed_bytes,
+    unpack_bytes,
+    unpack_sums,
+)
+
+GRANULARITIES = ("layer", "bucket")
 
 
 @dataclass
-class Pending:
-    """One tensor between ``Pipeline.start`` and ``Pipeline.finish``."""
+class Entry:
+    """One unit a bucket compresses: a tensor, or (``granularity="bucket"``) the bucket's float
+    tensors of one dtype joined into one vector; ``positions`` and ``shapes`` say which of the
+    bucket's tensors it carries."""
 
     name: str
-    ctx: Context
-    compressor: Compressor
-    communicator: Communicator
-    handle: Any
-    ops: Ops
-    ready: Tensor | None = None  # set when nothing had to travel (empty tensors)
+    positions: list[int]
+    shapes: list[tuple[int, ...]]
+    source: Tensor  # as the worker computed it, before error feedback
+    compressor: Compressor | None = None
     memory: Memory | None = None
-    compensated: Tensor | None = None  # kept for a second round (PowerSGD)
-    nonfinite: Any = None  # handle of the allreduced "some worker's tensor is not finite" flag
-    transaction: dict | None = None  # this tensor's state writes, committed with the step's verdict
-    deferred: Any = None  # traced warm-up: f(discard, scale) -> the result, run once the verdict is known
+    communicator: Communicator | None = None
+    ctx: Context | None = None
+    compensated: Tensor | None = None
+    payload: list | None = None  # this round's payload, once encoded
+    vote: Tensor | None = None  # an ``agrees_on_form`` compressor's vote, until agreed
+    transaction: dict | None = None  # its state writes, committed with the step's verdict
+    flagged: bool = False  # its non-finite flag rides with the bucket's
+    ready: Tensor | None = None  # set when nothing had to travel (empty tensors)
+    deferred: Callable | None = None  # traced: f(discard, scale) -> the result, run after the verdict
+    result: Tensor | None = None
+
+
+@dataclass
+class Sent:
+    """The collectives of one round of a bucket."""
+
+    sums: list = field(default_factory=list)
+    sum_layout: SumLayout | None = None
+    gathered: Any = None
+    byte_layout: ByteLayout | None = None
+    own: dict = field(default_factory=dict)  # entry -> its communicator's own handle (broadcast)
+    flag: Any = None  # the flag's own allreduce, when no buffer could carry it
+    parts: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Exchange:
+    """A bucket between ``Pipeline.start_bucket`` and ``Pipeline.finish_step``."""
+
+    tag: str
+    entries: list[Entry]
+    count: int  # the bucket's tensors
+    ops: Ops
+    live: list[Entry]  # the entries sent in the first round
+    sent: Sent
+    single: bool = False  # started by ``start``: its result is the tensor itself
+
+    def results(self) -> Any:
+        out: list = [None] * self.count
+        ops = self.ops
+        for entry in self.entries:
+            if len(entry.positions) == 1:
+                out[entry.positions[0]] = ops.reshape(entry.result, entry.shapes[0])
+                continue
+            pieces = ops.split(ops.flatten(entry.result), [numel_of(s) for s in entry.shapes])
+            for position, shape, piece in zip(entry.positions, entry.shapes, pieces):
+                out[position] = ops.reshape(piece, shape)
+        return out[0] if self.single else out
 
 
 def _copy(value: Any) -> Any:
@@ -65,18 +123,31 @@ def _sum_payloads(payloads: list, ops: Ops) -> list:
 
 
 class Pipeline:
-    """Compression of gradients, one tensor at a time, in the order error feedback requires:
+    """Compression of gradients with error feedback, and their exchange in buckets.
 
-    ``memory.compensate`` → ``compressor.compress`` → ``memory.update`` → ``communicator.start`` …
-    ``communicator.finish`` → ``compressor.decompress`` → ``compressor.aggregate`` → scale.
+    Per tensor, in the order error feedback requires: ``memory.compensate`` →
+    ``compressor.compress`` → ``memory.update``; then, per bucket, one collective per kind of
+    payload and round for all its tensors (``start_bucket``): summed payloads joined per dtype
+    into one allreduce, gathered payloads packed as bytes into one allgather, each worker's lengths
+    inside it for payloads whose size varies; and back: ``compressor.decompress`` →
+    ``compressor.aggregate`` → scale. A compressor of two rounds (PowerSGD) sends its second round
+    for the whole bucket at once. Wrappers group tensors into buckets of ``bucket_bytes`` dense bytes
+    (``buckets``), in the order the backward pass makes them, and start a bucket as soon as its
+    last tensor is ready: few collectives, each overlapping the rest of the backward pass.
 
-    Tensors the compressor cannot help travel dense through allreduce, with no memory: those with
-    fewer than ``min_numel`` elements, those whose compressed payload would not be smaller than the
-    dense tensor, and integer or boolean tensors. Empty tensors never reach a collective.
+    ``granularity="layer"`` (default) compresses each tensor on its own (the payloads of a bucket
+    of one); ``"bucket"`` compresses a bucket's float tensors of one dtype as one vector (top-k over
+    the bucket, one scale per bucket), as the theory of whole-model compression has it: its state
+    is keyed by the bucket, so the buckets must be the same in every step.
 
-    Non-finite gradients (``check_finite``, on by default): with each compressed tensor a 4-byte
-    flag is allreduced (a tensor that travels dense carries its own Inf or NaN into the sum), and
-    the state writes (residuals, momenta, counters) stay pending until the step is decided
+    Tensors the compressor cannot help travel dense through allreduce, with no memory (``plan``):
+    those with fewer than ``min_numel`` elements, those whose compressed payload would not be
+    smaller than the dense tensor, and integer or boolean tensors. Empty tensors never reach a
+    collective.
+
+    Non-finite gradients (``check_finite``, on by default): each bucket's 4-byte flag rides in its
+    first buffer (a tensor that travels dense carries its own Inf or NaN into the sum), and the
+    state writes (residuals, momenta, counters) stay pending until the step is decided
     (``finish_step``): if any worker's gradient held an Inf or NaN in any tensor of the step, every
     worker drops the writes of every tensor, leaving the whole state as it was before the step, and
     returns NaN, so that a loss scaler sees the overflow and skips the step with nothing absorbed.
@@ -92,18 +163,25 @@ class Pipeline:
     (``bytes_sent``) against the bytes of the dense tensors (``bytes_dense``).
 
     This object is what a Horovod script passes as ``compression=``; the framework wrappers drive
-    ``start`` and ``finish`` from their hooks.
+    ``start_bucket`` from their hooks and ``finish_step`` before the optimizer steps.
     """
 
     def __init__(self, compressor: Compressor, memory: Memory, communicator: Communicator,
-                 min_numel: int = 0, check_finite: bool = True, warmup_steps: int = 0):
+                 min_numel: int = 0, check_finite: bool = True, warmup_steps: int = 0,
+                 granularity: str = "layer", bucket_bytes: int = DEFAULT_BUCKET_BYTES):
         communicator.bind(compressor)
+        if granularity == "bucket" and not compressor.accepts((2**20,)):
+            raise ValueError(f"granularity='bucket' joins a bucket's tensors into one vector, which "
+                             f"{compressor.name!r} cannot compress (it needs a matrix): use "
+                             f"granularity='layer'")
         self.compressor = compressor
         self.memory = memory
         self.communicator = communicator
         self.min_numel = min_numel
         self.check_finite = check_finite
         self.warmup_steps = warmup_steps
+        self.granularity = granularity
+        self.bucket_bytes = bucket_bytes
         self._exchanges: dict = {}  # per tensor: how many exchanges the warm-up has counted
         self._dense_compressor = NoneCompressor()
         self._dense_memory = NoneMemory()
@@ -114,7 +192,8 @@ class Pipeline:
         dense = "" if isinstance(self._dense_memory, NoneMemory) else f", dense_memory={self._dense_memory!r}"
         return (f"Pipeline(compressor={self.compressor!r}, memory={self.memory!r}{dense}, "
                 f"communicator={self.communicator!r}, min_numel={self.min_numel}, "
-                f"check_finite={self.check_finite}, warmup_steps={self.warmup_steps})")
+                f"check_finite={self.check_finite}, warmup_steps={self.warmup_steps}, "
+                f"granularity={self.granularity!r}, bucket_bytes={self.bucket_bytes})")
 
     # --- what Horovod's own optimizer would call -----------------------------------------------
     def compress(self, tensor):
@@ -145,161 +224,201 @@ class Pipeline:
         self._dense_memory = dense
         return part.takeover_line(found, self.compressor.name)
 
-    # --- the pipeline --------------------------------------------------------------------------
-    def compresses(self, shape: tuple[int, ...], dtype: str, ops: Ops) -> bool:
-        """Whether a tensor of this shape and dtype is compressed, or travels dense."""
+    # --- what travels how ------------------------------------------------------------------------
+    def plan(self, shape: tuple[int, ...], dtype: str, ops: Ops) -> str:
+        """How a tensor of this shape and dtype travels: ``"empty"`` (nothing to send),
+        ``"dense"`` (allreduce, no memory) or ``"compressed"``. Every wrapper asks this one
+        question; the warm-up may still send a compressed tensor dense in a given step."""
         numel = numel_of(shape)
+        if numel == 0:
+            return "empty"
         if dtype not in FLOAT_DTYPES or numel < max(self.min_numel, 1):
-            return False
+            return "dense"
         if not self.compressor.accepts(tuple(shape)):
-            return False
+            return "dense"
         itemsize = ops.itemsize(dtype)
         estimate = self.compressor.payload_nbytes(tuple(shape), itemsize)
-        return estimate is None or estimate < numel * itemsize
+        return "compressed" if estimate is None or estimate < numel * itemsize else "dense"
 
-    def travels_as_is(self, shape: tuple[int, ...], dtype: str, ops: Ops) -> bool:
-        """Whether a (non-empty) tensor of this shape and dtype is simply allreduced, with no state
-        and no flag: a framework wrapper may then hand it to its own in-place allreduce, after
-        ``count_as_is``."""
-        if numel_of(shape) == 0:
-            return False
-        if not self.compresses(shape, dtype, ops):
-            return self._carries_nonfinite(self._dense_compressor, self._dense_memory,
-                                           self._dense_communicator)
-        return self._carries_nonfinite(self.compressor, self.memory, self.communicator)
+    def compresses(self, shape: tuple[int, ...], dtype: str, ops: Ops) -> bool:
+        """Whether a tensor of this shape and dtype is compressed, or travels dense."""
+        return self.plan(shape, dtype, ops) == "compressed"
 
-    def count_as_is(self, numel: int, itemsize: int, ops: Ops) -> None:
-        """The byte counts of a tensor a wrapper allreduced itself (see ``travels_as_is``)."""
-        for key in ("bytes_sent", "bytes_dense"):
-            ops.counter(self._counters, key, numel * itemsize)
-        ops.counter(self._counters, "tensors")
+    def buckets(self, tensors: Sequence[tuple[Sequence[int], str]], ops: Ops) -> list[list[int]]:
+        """Positions of ``tensors`` ((shape, dtype) each, in the order they become ready) grouped
+        into buckets of at most ``bucket_bytes`` dense bytes (a larger tensor alone). A bucket
+        holds tensors of one dtype that travel alike (``plan``; at ``granularity="bucket"`` the
+        float ones are compressed together whatever their size), so that each round of a bucket is
+        one collective. Every worker forms the same buckets from the same tensors."""
+        def kind(shape, dtype):
+            if self.granularity == "bucket" and dtype in FLOAT_DTYPES:
+                return dtype, "joined"
+            return dtype, self.plan(tuple(shape), dtype, ops)
+        return form_buckets([numel_of(shape) * ops.itemsize(dtype) for shape, dtype in tensors],
+                            self.bucket_bytes, [kind(shape, dtype) for shape, dtype in tensors])
 
-    def start(self, tensor: Tensor, name: str, group: Collectives, ops: Ops | None = None) -> Pending:
-        """Compress ``tensor`` (with error feedback) and start its collectives."""
-        ops = ops or ops_for(tensor)
-        shape, numel, dtype = ops.shape(tensor), ops.numel(tensor), ops.dtype(tensor)
-        if numel == 0:
-            ctx = Context(shape, dtype, 0)
-            return Pending(name, ctx, self._dense_compressor, self._dense_communicator, None, ops,
-                           ready=ops.copy(tensor))
-        if not self.compresses(shape, dtype, ops):
-            return self._start(tensor, name, group, ops, dense=True)
-        if self.warmup_steps:
+    # --- the exchange --------------------------------------------------------------------------
+    def start(self, tensor: Tensor, name: str, group: Collectives, ops: Ops | None = None) -> Exchange:
+        """Compress one tensor (with error feedback) and start its collectives: a bucket of one,
+        whose ``finish`` returns the tensor itself."""
+        exchange = self.start_bucket([tensor], [name], group, ops)
+        exchange.single = True
+        return exchange
+
+    def start_bucket(self, tensors: Sequence[Tensor], names: Sequence[str], group: Collectives,
+                     ops: Ops | None = None) -> Exchange:
+        """Compress a bucket of tensors and start its exchange: one collective per kind of payload
+        (summed: one per dtype; gathered: one) for all of them, the non-finite flag inside. At
+        ``granularity="bucket"`` the bucket's float tensors of one dtype are compressed as one
+        vector. Every worker starts the same buckets, in the same order."""
+        ops = ops or ops_for(tensors[0])
+        tag = f"grace.{names[0]}" if len(names) == 1 else f"grace.bucket.{names[0]}"
+        entries = self._entries(list(tensors), list(names), ops)
+        for entry in entries:
+            self._prepare(entry, group, ops)
+        self._vote(entries, tag, group, ops)
+        live = [e for e in entries if e.payload is not None]
+        sent = self._send_round(live, tag, group, ops, self._flag_of(entries, ops))
+        return Exchange(tag, entries, len(tensors), ops, live, sent)
+
+    def _entries(self, tensors: list, names: list, ops: Ops) -> list[Entry]:
+        """The units a bucket compresses: each tensor (``granularity="layer"``), or its float
+        tensors of one dtype joined into one vector named after the bucket (``"bucket"``)."""
+        whole = [Entry(name, [i], [ops.shape(t)], t) for i, (t, name) in enumerate(zip(tensors, names))]
+        if self.granularity == "layer" or len(tensors) == 1:
+            return whole
+        joined: dict[str, list[int]] = {}
+        for i, t in enumerate(tensors):
+            if ops.dtype(t) in FLOAT_DTYPES and ops.numel(t) > 0:
+                joined.setdefault(ops.dtype(t), []).append(i)
+        entries = [whole[i] for i in range(len(tensors)) if not any(i in g for g in joined.values())]
+        for dtype, positions in joined.items():
+            name = f"bucket.{names[positions[0]]}" + (f".{dtype}" if len(joined) > 1 else "")
+            flat = ops.concat([ops.flatten(tensors[i]) for i in positions])
+            entries.append(Entry(name, positions, [ops.shape(tensors[i]) for i in positions], flat))
+        return entries
+
+    def _prepare(self, entry: Entry, group: Collectives, ops: Ops) -> None:
+        """Decide how ``entry`` travels this step and encode it (a vote first, for a compressor
+        that ``agrees_on_form``; in a traced graph the warm-up's choice is deferred)."""
+        shape, dtype = ops.shape(entry.source), ops.dtype(entry.source)
+        plan = self.plan(shape, dtype, ops)
+        if plan == "empty":
+            entry.ready = ops.copy(entry.source)
+            return
+        dense, count = plan == "dense", False
+        if not dense and self.warmup_steps:
             # Read here; counted with the step's other state writes, so a skipped step undoes it.
-            exchange = ops.counter(self._exchanges, name, 0)
+            exchange = ops.counter(self._exchanges, entry.name, 0)
             if not isinstance(exchange, int):
-                return self._start_traced_warmup(tensor, name, group, ops, exchange)
-            return self._start(tensor, name, group, ops, dense=exchange < self.warmup_steps, count=True)
-        return self._start(tensor, name, group, ops, dense=False)
+                entry.flagged = self.check_finite
+                entry.deferred = self._traced_warmup(entry, exchange, group, ops)
+                return
+            dense, count = exchange < self.warmup_steps, True
+        self._route(entry, dense, count, group, ops)
 
-    def _start_traced_warmup(self, tensor, name, group, ops, exchange) -> Pending:
+    def _route(self, entry: Entry, dense: bool, count: bool, group: Collectives, ops: Ops) -> None:
+        """Compensate ``entry`` and encode it dense or compressed, its state writes pending in its
+        transaction; ``count``: count the exchange for the warm-up."""
+        if dense:
+            entry.compressor, entry.memory, entry.communicator = (
+                self._dense_compressor, self._dense_memory, self._dense_communicator)
+        else:
+            entry.compressor, entry.memory, entry.communicator = (
+                self.compressor, self.memory, self.communicator)
+        carries = self._carries_nonfinite(entry.compressor, entry.memory, entry.communicator)
+        if self.check_finite and (count or not carries):
+            entry.transaction = {}
+            entry.flagged = not carries
+        source = entry.source
+        with ops.within(entry.transaction):
+            if count:
+                ops.counter(self._exchanges, entry.name)
+            entry.compensated = entry.memory.compensate(source, entry.name, ops)
+        ops.counter(self._counters, "bytes_dense", ops.numel(source) * ops.itemsize(ops.dtype(source)))
+        ops.counter(self._counters, "tensors", len(entry.positions))
+        entry.ctx = Context(ops.shape(source), ops.dtype(source), ops.numel(source), rank=group.rank)
+        if not dense and entry.compressor.agrees_on_form:
+            entry.vote = entry.compressor.not_smaller(ops.flatten(entry.compensated), entry.ctx, ops)
+        else:
+            self._encode(entry, group, ops)
+
+    @staticmethod
+    def _encode(entry: Entry, group: Collectives, ops: Ops) -> None:
+        with ops.within(entry.transaction):
+            entry.payload, entry.ctx = entry.compressor.compress(entry.compensated, entry.name, ops,
+                                                                 rank=group.rank)
+            if entry.compressor.rounds == 1:
+                entry.memory.update(entry.compensated, entry.name, entry.compressor, entry.payload,
+                                    entry.ctx, ops)
+
+    def _vote(self, entries: list[Entry], tag: str, group: Collectives, ops: Ops) -> None:
+        """For a compressor whose encoded size depends on the data (``agrees_on_form``): the
+        workers agree, by one allreduce of a 4-byte vote per tensor for the whole bucket, whether
+        every one of them sends a tensor encoded (each, lengths included, smaller than the tensor)
+        or all send it dense through allreduce (exactly the dense bytes). Deciding alone, a worker
+        would have to say which form it sent, in bytes beyond the dense tensor's. Each vote comes
+        from the tensor before it is encoded (``Compressor.not_smaller``), so a dense step encodes
+        nothing."""
+        voting = [e for e in entries if e.vote is not None]
+        if not voting:
+            return
+        votes = ops.concat([e.vote for e in voting]) if len(voting) > 1 else voting[0].vote
+        ops.counter(self._counters, "bytes_control", ops.nbytes(votes))
+        agreed = group.synchronize(group.allreduce_async(votes, f"{tag}.form"))
+        pieces = ops.split(agreed, [1] * len(voting)) if len(voting) > 1 else [agreed]
+        for entry, piece in zip(voting, pieces):
+            entry.vote = None
+            dense = ops.dropped(piece)
+            if isinstance(dense, bool):
+                if dense:
+                    entry.compressor, entry.communicator = self._dense_compressor, self._dense_communicator
+                self._encode(entry, group, ops)
+            else:  # a traced graph: the agreement is known when it runs
+                entry.deferred = self._traced_agreement(entry, dense, group, ops)
+
+    def _traced_agreement(self, entry: Entry, dense: Any, group: Collectives, ops: Ops) -> Callable:
+        def deferred(discard, scale):
+            def run(dense_way: bool):
+                branch = replace(entry, transaction=None if entry.transaction is None
+                                 else dict(entry.transaction))  # each branch its own writes
+                if dense_way:
+                    branch.compressor, branch.communicator = (self._dense_compressor,
+                                                              self._dense_communicator)
+                self._encode(branch, group, ops)
+                return self._exchange_now(branch, group, ops, scale, discard)
+            return ops.cond(dense, lambda: run(True), lambda: run(False))
+        return deferred
+
+    def _traced_warmup(self, entry: Entry, exchange: Any, group: Collectives, ops: Ops) -> Callable:
         """In a traced graph the exchange count is only known when the graph runs: both ways are
         built, and the count picks one then. The state written inside a branch must be committed
-        there, so the branch runs once the step's verdict is known (``finish_step``); this tensor's
-        own non-finite flag is allreduced before it, for that verdict."""
-        shape, numel, dtype = ops.shape(tensor), ops.numel(tensor), ops.dtype(tensor)
-        nonfinite = self._flag(tensor, name, group, ops) if self.check_finite else None
-
+        there, so the branch runs once the step's verdict is known (``finish_step``)."""
         def deferred(discard, scale):
-            def way(dense):
-                pending = self._start(tensor, name, group, ops, dense=dense, flag=False)
-                total = self._collect(pending, group, scale)
-                if pending.transaction is None:
-                    return total
-                return ops.nan_if(ops.commit(pending.transaction, discard), total)
+            def way(dense: bool):
+                branch = Entry(entry.name, entry.positions, entry.shapes, entry.source)
+                self._route(branch, dense, False, group, ops)
+                self._vote([branch], f"grace.{entry.name}", group, ops)
+                if branch.deferred is not None:
+                    return branch.deferred(discard, scale)
+                return self._exchange_now(branch, group, ops, scale, discard)
             result = ops.cond(exchange < self.warmup_steps, lambda: way(True), lambda: way(False))
             counted: dict | None = {} if self.check_finite else None
             with ops.within(counted):
-                ops.counter(self._exchanges, name)
+                ops.counter(self._exchanges, entry.name)
             if counted is not None:
                 ops.commit(counted, discard)
             return result
+        return deferred
 
-        return Pending(name, Context(shape, dtype, numel), self._dense_compressor,
-                       self._dense_communicator, None, ops, nonfinite=nonfinite, deferred=deferred)
-
-    def _flag(self, tensor, name, group, ops):
-        """Start the allreduce of this worker's 'tensor is not finite' flag."""
-        flag = ops.nonfinite_flag(tensor)
-        ops.counter(self._counters, "bytes_control", ops.nbytes(flag))
-        return group.allreduce_async(flag, f"grace.{name}.nonfinite")
-
-    def _start(self, tensor, name, group, ops, dense: bool, flag: bool = True,
-               count: bool = False) -> Pending:
-        """Start one tensor's exchange, dense or compressed; ``flag``: allreduce its non-finite flag
-        (unless its sum carries any Inf itself); ``count``: count the exchange for the warm-up."""
-        numel, dtype = ops.numel(tensor), ops.dtype(tensor)
-        if dense:
-            compressor, memory, communicator = (self._dense_compressor, self._dense_memory,
-                                                self._dense_communicator)
-        else:
-            compressor, memory, communicator = self.compressor, self.memory, self.communicator
-        nonfinite = transaction = None
-        carries = self._carries_nonfinite(compressor, memory, communicator)
-        if self.check_finite and (count or not carries):
-            nonfinite = self._flag(tensor, name, group, ops) if flag and not carries else None
-            transaction = {}
-        agree = not dense and compressor.agrees_on_form
-        with ops.within(transaction):
-            if count:
-                ops.counter(self._exchanges, name)
-            compensated = memory.compensate(tensor, name, ops)
-            if not agree:
-                payload, ctx = compressor.compress(compensated, name, ops, rank=group.rank)
-        ops.counter(self._counters, "bytes_dense", numel * ops.itemsize(dtype))
-        ops.counter(self._counters, "tensors")
-        if agree:
-            return self._agree_on_form(compensated, name, group, ops, nonfinite, transaction)
-        return self._send_payload(compressor, memory, communicator, compensated, payload, ctx, name,
-                                  group, ops, nonfinite, transaction)
-
-    def _send_payload(self, compressor, memory, communicator, compensated, payload, ctx, name, group,
-                      ops, nonfinite, transaction) -> Pending:
-        with ops.within(transaction):
-            if compressor.rounds == 1:
-                memory.update(compensated, name, compressor, payload, ctx, ops)
-        handle = self._send(communicator, payload, f"grace.{name}", group, ops)
-        return Pending(name, ctx, compressor, communicator, handle, ops, memory=memory,
-                       compensated=compensated if compressor.rounds == 2 else None,
-                       nonfinite=nonfinite, transaction=transaction)
-
-    def _agree_on_form(self, compensated, name, group, ops, nonfinite, transaction):
-        """For a compressor whose encoded size depends on the data (``agrees_on_form``): the
-        workers agree, by one 4-byte allreduce, whether every one of them sends its encoded
-        payload (each, lengths included, smaller than the tensor) or all send the tensor dense
-        through allreduce (exactly the dense bytes). Deciding alone, a worker would have to say which
-        form it sent, in bytes beyond the dense tensor's. Each worker's vote comes from the tensor,
-        before it is encoded (``Compressor.not_smaller``), so a dense step encodes nothing."""
-        ctx = Context(ops.shape(compensated), ops.dtype(compensated), ops.numel(compensated),
-                      rank=group.rank)
-        flat = ops.flatten(compensated)
-        local = self.compressor.not_smaller(flat, ctx, ops)
-        ops.counter(self._counters, "bytes_control", ops.nbytes(local))
-        agreed = ops.dropped(group.synchronize(group.allreduce_async(local, f"grace.{name}.form")))
-
-        def way(dense, transaction):
-            if dense:
-                return self._send_payload(self._dense_compressor, self.memory, self._dense_communicator,
-                                          compensated, [flat], ctx, name, group, ops, nonfinite,
-                                          transaction)
-            with ops.within(transaction):
-                payload, encoded = self.compressor.compress(compensated, name, ops, rank=group.rank)
-            return self._send_payload(self.compressor, self.memory, self.communicator, compensated,
-                                      payload, encoded, name, group, ops, nonfinite, transaction)
-
-        if isinstance(agreed, bool):
-            return way(agreed, transaction)
-
-        def deferred(discard, scale):  # a traced graph: the agreement is known when it runs
-            def run(dense):
-                writes = None if transaction is None else dict(transaction)  # each branch its own
-                pending = way(dense, writes)
-                total = self._collect(pending, group, scale)
-                return total if writes is None else ops.nan_if(ops.commit(writes, discard), total)
-            return ops.cond(agreed, lambda: run(True), lambda: run(False))
-
-        return Pending(name, ctx, self.compressor, self.communicator, None, ops, nonfinite=nonfinite,
-                       deferred=deferred)
+    def _exchange_now(self, entry: Entry, group: Collectives, ops: Ops, scale: float,
+                      discard: Tensor) -> Tensor:
+        """One encoded entry's whole exchange, its writes committed unless ``discard``."""
+        sent = self._send_round([entry], f"grace.{entry.name}", group, ops, None)
+        total = self._collect([entry], sent, f"grace.{entry.name}", group, ops, scale)[0][0]
+        if entry.transaction is None:
+            return total
+        return ops.nan_if(ops.commit(entry.transaction, discard), total)
 
     @staticmethod
     def _carries_nonfinite(compressor, memory, communicator) -> bool:
@@ -308,69 +427,164 @@ class Pipeline:
         return (isinstance(compressor, NoneCompressor) and isinstance(memory, NoneMemory)
                 and isinstance(communicator, Allreduce))
 
-    def _send(self, communicator, payload, name, group, ops):
-        ops.counter(self._counters, "bytes_sent", communicator.bytes_sent(payload, group, ops))
-        return communicator.start(payload, name, group, ops)
+    def _flag_of(self, entries: list[Entry], ops: Ops) -> Tensor | None:
+        """This worker's "some tensor of the bucket is not finite" flag (1-element float32), for
+        the entries with state to roll back; a tensor allreduced as it is carries its own Inf or
+        NaN into the sum every worker receives."""
+        flagged = [e for e in entries if e.flagged]
+        if not flagged:
+            return None
+        flag = ops.nonfinite_flag(flagged[0].source)
+        for entry in flagged[1:]:
+            flag = ops.maximum(flag, ops.nonfinite_flag(entry.source))
+        return flag
 
-    def finish(self, pending: Pending, group: Collectives, scale: float = 1.0) -> Tensor:
+    def _send_round(self, entries: list[Entry], tag: str, group: Collectives, ops: Ops,
+                    flag: Tensor | None) -> Sent:
+        """Start one round's collectives for the entries' payloads: the summed ones packed per dtype,
+        the gathered ones packed as bytes, ``flag`` inside the first buffer."""
+        sums, gathers, sent = [], [], Sent()
+        for i, entry in enumerate(entries):
+            if isinstance(entry.communicator, Allreduce):
+                sums += [((i, j), t) for j, t in enumerate(entry.payload)]
+            elif isinstance(entry.communicator, Allgather):
+                varies = not entry.compressor.fixed_size
+                gathers += [((i, j), t, varies) for j, t in enumerate(entry.payload)]
+            else:  # broadcast: a collective per worker and payload tensor, as it is
+                ops.counter(self._counters, "bytes_sent",
+                            entry.communicator.bytes_sent(entry.payload, group, ops))
+                sent.own[i] = entry.communicator.start(entry.payload, f"{tag}.{entry.name}", group, ops)
+        if flag is not None:  # in the buffer's dtype where it rides in a sum
+            ops.counter(self._counters, "bytes_control", ops.nbytes(flag))
+        if sums:
+            buffers, sent.sum_layout = pack_sums(sums, flag, ops)
+            if flag is not None:
+                ops.counter(self._counters, "bytes_control",
+                            ops.itemsize(sent.sum_layout.flag_dtype) - ops.nbytes(flag))
+            flag = None
+            ops.counter(self._counters, "bytes_sent", sum(ops.nbytes(t) for _, t in sums))
+            sent.sums = [group.allreduce_async(b, f"{tag}.sum{k}") for k, b in enumerate(buffers)]
+        if gathers:
+            buffer, sent.byte_layout = pack_bytes(gathers, flag, ops)
+            flag = None
+            ops.counter(self._counters, "bytes_sent", packed_bytes(gathers, ops))
+            sent.gathered = group.allgather_async(buffer, f"{tag}.gather")
+        if flag is not None:
+            sent.flag = group.allreduce_async(flag, f"{tag}.nonfinite")
+        sent.parts = [len(e.payload) for e in entries]
+        return sent
+
+    def _receive(self, sent: Sent, entries: list[Entry], group: Collectives, ops: Ops
+                 ) -> tuple[list[list], Tensor | None]:
+        """Wait for one round: per entry its payloads (one summed, or one per worker), and the
+        flag summed over workers."""
+        payloads: list[list] = [[] for _ in entries]
+        flag = None
+        if sent.sums:
+            parts, flag = unpack_sums([group.synchronize(h) for h in sent.sums], sent.sum_layout, ops)
+            for i, n in enumerate(sent.parts):
+                if isinstance(entries[i].communicator, Allreduce):
+                    payloads[i] = [[parts[(i, j)] for j in range(n)]]
+        if sent.gathered is not None:
+            workers, gathered_flag = unpack_bytes(group.synchronize(sent.gathered), sent.byte_layout,
+                                                  group.size, ops)
+            flag = gathered_flag if flag is None else flag
+            for i, n in enumerate(sent.parts):
+                if isinstance(entries[i].communicator, Allgather):
+                    payloads[i] = [[parts[(i, j)] for j in range(n)] for parts in workers]
+        for i, handle in sent.own.items():
+            payloads[i] = entries[i].communicator.finish(handle, group, ops)
+        if sent.flag is not None:
+            flag = group.synchronize(sent.flag)
+        return payloads, flag
+
+    def _collect(self, entries: list[Entry], sent: Sent, tag: str, group: Collectives, ops: Ops,
+                 scale: float) -> tuple[list[Tensor], Tensor | None]:
+        """The entries' sums over workers times ``scale``, their state writes still pending, and
+        the bucket's flag. A compressor of several rounds computes each next payload from the
+        previous one summed over workers (PowerSGD: Q from the summed P); error feedback keeps what
+        this worker's own last payload leaves out. Each round is one exchange for the bucket."""
+        payloads, flag = self._receive(sent, entries, group, ops)
+        step = 1
+        while True:
+            step += 1
+            later = [i for i, e in enumerate(entries) if e.compressor.rounds >= step]
+            if not later:
+                break
+            for i in later:
+                entry = entries[i]
+                with ops.within(entry.transaction):
+                    entry.payload = entry.compressor.second_round(_sum_payloads(payloads[i], ops),
+                                                                  entry.ctx, ops)
+                    if entry.compressor.rounds == step:
+                        entry.memory.update(entry.compensated, entry.name, entry.compressor,
+                                            entry.payload, entry.ctx, ops)
+            round_entries = [entries[i] for i in later]
+            round_sent = self._send_round(round_entries, f"{tag}.{step}", group, ops, None)
+            received, _ = self._receive(round_sent, round_entries, group, ops)
+            for i, payload in zip(later, received):
+                payloads[i] = payload
+                entry = entries[i]
+                if entry.compressor.rounds == step:
+                    with ops.within(entry.transaction):
+                        entry.compressor.after_aggregate(_sum_payloads(payload, ops), entry.ctx, ops)
+        totals = []
+        for entry, payload in zip(entries, payloads):
+            with ops.within(entry.transaction):
+                decompressed = [entry.compressor.decompress(p, entry.ctx, ops) for p in payload]
+                total = entry.compressor.aggregate(decompressed, ops)
+            totals.append(ops.scale(total, scale) if scale != 1.0 else total)
+        return totals, flag
+
+    def finish(self, pending: Exchange, group: Collectives, scale: float = 1.0) -> Tensor:
         """Wait for the collectives, decompress, aggregate over workers, multiply by ``scale``
         (``1 / size`` to average); the tensor alone is the step (see ``finish_step``)."""
         return self.finish_step([pending], group, scale)[0]
 
-    def finish_step(self, pendings: Sequence[Pending], group: Collectives, scale: float = 1.0,
-                    carried: Sequence[Tensor] = ()) -> list[Tensor]:
-        """``finish`` for every tensor of one step, as one transaction: the state writes of all of
-        them are kept, or, if any worker's gradient held an Inf or NaN anywhere in the step, all
-        dropped and every result made NaN (so a loss scaler skips the step and the state is as it
-        was before it). ``carried``: results the caller combined itself (Horovod's own allreduce),
-        whose sums carry any Inf or NaN into the verdict."""
-        results: dict[int, Tensor] = {}
-        flags = []
-        for i, pending in enumerate(pendings):
-            if pending.deferred is None:
-                results[i] = self._collect(pending, group, scale)
-            if pending.nonfinite is not None:
-                flags.append(group.synchronize(pending.nonfinite))
-        if not any(p.transaction is not None or p.deferred is not None for p in pendings):
-            return [results[i] for i in range(len(pendings))]
-        ops = pendings[0].ops
-        # A tensor combined dense carries its own Inf or NaN in the sum, which every worker sees: it
-        # counts towards the verdict without a flag of its own.
-        carried = list(carried) + [results[i] for i, p in enumerate(pendings)
-                                   if p.deferred is None and p.nonfinite is None and p.ready is None]
-        discard = flags[0] if flags else ops.zeros(1, "float32", like=carried[0])
-        for part in flags[1:] + [ops.nonfinite_flag(t) for t in carried]:
-            discard = ops.add(discard, part)
-        for i, pending in enumerate(pendings):
-            if pending.deferred is not None:
-                results[i] = pending.deferred(discard, scale)
-        dropped = ops.dropped(discard)
-        for pending in pendings:
-            if pending.transaction is not None:
-                ops.commit(pending.transaction, discard)
-        return [results[i] if p.deferred is not None else ops.nan_if(dropped, results[i])
-                for i, p in enumerate(pendings)]
+    def finish_step(self, exchanges: Sequence[Exchange], group: Collectives, scale: float = 1.0,
+                    carried: Sequence[Tensor] = ()) -> list:
+        """``finish`` for every bucket of one step, as one transaction: the state writes of all
+        their tensors are kept, or, if any worker's gradient held an Inf or NaN anywhere in the
+        step, all dropped and every result made NaN (so a loss scaler skips the step and the state
+        is as it was before it). Returns per exchange its tensors' results (the tensor itself for
+        one started by ``start``). ``carried``: results the caller combined itself, whose sums
+        carry any Inf or NaN into the verdict."""
+        flags, entries = [], []
+        for exchange in exchanges:
+            ops = exchange.ops
+            totals, flag = self._collect(exchange.live, exchange.sent, exchange.tag, group, ops, scale)
+            for entry, total in zip(exchange.live, totals):
+                entry.result = total
+            for entry in exchange.entries:
+                if entry.ready is not None:
+                    entry.result = entry.ready
+            if flag is not None:
+                flags.append(flag)
+            entries += exchange.entries
+        if any(e.transaction is not None or e.deferred is not None for e in entries):
+            self._verdict(entries, flags, list(carried), scale, ops)
+        return [exchange.results() for exchange in exchanges]
 
-    def _collect(self, pending: Pending, group: Collectives, scale: float) -> Tensor:
-        """The tensor's sum over workers times ``scale``, its state writes still pending."""
-        if pending.ready is not None:
-            return pending.ready
-        ops, compressor, ctx = pending.ops, pending.compressor, pending.ctx
-        payloads = pending.communicator.finish(pending.handle, group, ops)
-        if compressor.rounds == 2:
-            # The second payload is computed from the first one summed over workers; error feedback
-            # keeps what this worker's own second payload leaves out.
-            with ops.within(pending.transaction):
-                local = compressor.second_round(_sum_payloads(payloads, ops), ctx, ops)
-                pending.memory.update(pending.compensated, pending.name, compressor, local, ctx, ops)
-            handle = self._send(pending.communicator, local, f"grace.{pending.name}.2", group, ops)
-            payloads = pending.communicator.finish(handle, group, ops)
-            with ops.within(pending.transaction):
-                compressor.after_aggregate(_sum_payloads(payloads, ops), ctx, ops)
-        with ops.within(pending.transaction):
-            decompressed = [compressor.decompress(p, ctx, ops) for p in payloads]
-            total = compressor.aggregate(decompressed, ops)
-        return ops.scale(total, scale) if scale != 1.0 else total
+    def _verdict(self, entries: list[Entry], flags: list, carried: list, scale: float,
+                 ops: Ops) -> None:
+        """Keep or drop every pending state write of the step, by one verdict of all workers."""
+                # A tensor combined dense with no state carries its own Inf or NaN in the sum, which every
+        # worker sees: it counts towards the verdict without a flag of its own.
+        carried += [e.result for e in entries
+                    if e.deferred is None and not e.flagged and e.ready is None]
+        parts = flags + [ops.nonfinite_flag(t) for t in carried]
+        discard = parts[0] if parts else ops.zeros(1, "float32", like=entries[0].source)
+        for part in parts[1:]:
+            discard = ops.add(discard, part)
+        for entry in entries:
+            if entry.deferred is not None:
+                entry.result = entry.deferred(discard, scale)
+        dropped = ops.dropped(discard)
+        for entry in entries:
+            if entry.deferred is None:
+                if entry.transaction is not None:
+                    ops.commit(entry.transaction, discard)
+                entry.result = ops.nan_if(dropped, entry.result)
 
     def reduce(self, tensor: Tensor, name: str, group: Collectives, scale: float = 1.0) -> Tensor:
         """``start`` and ``finish`` in one call."""

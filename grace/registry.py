@@ -6,13 +6,14 @@ from __future__ import annotations
 import inspect
 from typing import Any, Mapping
 
+from grace.bucketing import DEFAULT_BUCKET_BYTES
 from grace.communicator import Communicator
 from grace.communicators import Allgather, Allreduce, Broadcast
 from grace.compressor import Compressor
 from grace.compressors import CATALOGUE
 from grace.memories import MEMORIES as MEMORY_CLASSES
 from grace.memory import Memory
-from grace.pipeline import Pipeline
+from grace.pipeline import GRANULARITIES, Pipeline
 from grace.validation import check_bool, check_choice, check_int
 
 COMPRESSORS: dict[str, type[Compressor]] = {cls.name: cls for cls in CATALOGUE}
@@ -25,7 +26,8 @@ DEFAULT_MIN_NUMEL = 1024
 """Tensors with fewer elements (biases, norms) travel dense: compressing them saves little and adds
 latency. Override with ``min_numel=``."""
 
-_PIPELINE_KEYS = ("compressor", "memory", "communicator", "min_numel", "check_finite", "warmup_steps")
+_PIPELINE_KEYS = ("compressor", "memory", "communicator", "min_numel", "check_finite", "warmup_steps",
+                  "granularity", "bucket_bytes")
 
 
 def available() -> list[str]:
@@ -50,12 +52,15 @@ def memory_params(name: str) -> dict[str, Any]:
 
 def build(compressor: str, *, memory: str | None = None, communicator: str | None = None,
           min_numel: int = DEFAULT_MIN_NUMEL, check_finite: bool = True, warmup_steps: int | None = None,
-          **params: Any) -> Pipeline:
+          granularity: str = "layer", bucket_bytes: int = DEFAULT_BUCKET_BYTES, **params: Any) -> Pipeline:
     """A pipeline for the named compressor with its paper's defaults, ``memory`` and
     ``communicator`` overridden by name when given, and the compressor's own ``params``.
     ``check_finite=False`` saves the 4-byte flag per tensor at the price of Inf/NaN gradients
     entering residuals and momenta (see ``Pipeline``). ``warmup_steps``: exchanges sent dense before
-    compression starts (the compressor's ``default_warmup_steps`` when not given)."""
+    compression starts (the compressor's ``default_warmup_steps`` when not given). ``granularity``:
+    ``"layer"`` compresses each tensor on its own, ``"bucket"`` a bucket's tensors as one vector;
+    ``bucket_bytes``: the dense bytes of gradients that travel together (0: every tensor alone);
+    see ``Pipeline``."""
     name = check_choice("compressor", compressor, COMPRESSORS)
     cls = COMPRESSORS[name]
     memory = check_choice("memory", memory or cls.default_memory, MEMORIES)
@@ -64,18 +69,19 @@ def build(compressor: str, *, memory: str | None = None, communicator: str | Non
     own, of_memory = compressor_params(name), memory_params(memory)
     unknown = sorted(set(params) - set(own) - set(of_memory))
     if unknown:
-        accepted = ", ".join(list(own) + list(of_memory) + ["memory", "communicator", "min_numel",
-                                                             "check_finite", "warmup_steps"])
+        accepted = ", ".join(list(own) + list(of_memory) + list(_PIPELINE_KEYS[1:]))
         raise ValueError(f"unknown parameter {unknown[0]!r} for compressor {name!r} with memory "
                          f"{memory!r}; accepted: {accepted}")
     min_numel = check_int("min_numel", min_numel, minimum=0)
     check_finite = check_bool("check_finite", check_finite)
     warmup_steps = check_int("warmup_steps", cls.default_warmup_steps if warmup_steps is None
                              else warmup_steps, minimum=0)
+    granularity = check_choice("granularity", granularity, GRANULARITIES)
+    bucket_bytes = check_int("bucket_bytes", bucket_bytes, minimum=0)
     compressor_obj = cls(**{k: v for k, v in params.items() if k in own})
     memory_obj = MEMORIES[memory](**{k: v for k, v in params.items() if k in of_memory})
     return Pipeline(compressor_obj, memory_obj, COMMUNICATORS[communicator](), min_numel, check_finite,
-                    warmup_steps)
+                    warmup_steps, granularity, bucket_bytes)
 
 
 def from_params(params: Mapping[str, Any]) -> Pipeline:

@@ -339,7 +339,7 @@ def bench_powersgd(args) -> list[dict]:
     ops = ops_for(grads[0])
     # Tensors the pipeline leaves dense only travel (both sides allreduce them): no work to time.
     compressed = [(i, g) for i, g in enumerate(grads)
-                  if not pipeline.travels_as_is(tuple(g.shape), "float32", ops)]
+                  if pipeline.plan(tuple(g.shape), "float32", ops) == "compressed"]
 
     def grace_round():
         for i, g in compressed:

@@ -93,11 +93,13 @@ def fp16_sum(values):
 
 
 def simulate(compress=None, workers=2, steps=10, average=True, passes=1, clip=None, adam=False,
-             fp16=False, ranks=None, momentum=None, nesterov=False):
+             fp16=False, ranks=None, momentum=None, nesterov=False, joined=False):
     """Final (W, b) of data-parallel training of common.py's model. ``compress(name, rank, step, g)``
     is applied to W's gradient (b is below the size threshold and travels dense). ``ranks`` chooses
     whose data the workers train on (default: ``range(workers)``). ``momentum``: SGD's momentum on
-    the combined gradient of each tensor, e.g. ``{"w": 0.0, "b": 0.9}`` (Nesterov's if asked)."""
+    the combined gradient of each tensor, e.g. ``{"w": 0.0, "b": 0.9}`` (Nesterov's if asked).
+    ``joined``: ``compress`` takes b and W joined into one vector, as ``granularity="bucket"``
+    compresses a bucket (b first: the wrapper's buckets follow the reverse registration order)."""
     ranks = list(range(workers)) if ranks is None else list(ranks)
     workers = len(ranks)
     w, b = (a.astype(np.float64) for a in init_weights(0))
@@ -112,7 +114,10 @@ def simulate(compress=None, workers=2, steps=10, average=True, passes=1, clip=No
                 x, y = batch(rank, step * passes + micro)
                 dw, db = gradients(w.astype(np.float32), b.astype(np.float32), x, y)
                 gw, gb = gw + dw, gb + db
-            if compress is not None:
+            if compress is not None and joined:
+                both = compress("bucket", rank, step, np.concatenate([gb.reshape(-1), gw.reshape(-1)]))
+                gb, gw = both[:gb.size].reshape(gb.shape), both[gb.size:].reshape(gw.shape)
+            elif compress is not None:
                 gw = compress("weight", rank, step, gw)
             gw_all.append(gw)
             gb_all.append(gb)

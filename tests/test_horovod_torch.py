@@ -160,13 +160,26 @@ def test_accumulation_before_a_stateful_compressor(gloo_run):
     check(gloo_run, "topk_passes2", reference.simulate(reference.topk_with_residual(0.05), passes=2))
 
 
-def test_groups_start_a_groups_tensors_together(gloo_run):
-    """With one group, no tensor's exchange starts before both gradients exist; without groups, the
-    first starts as soon as its own gradient does."""
-    _, grouped = load(gloo_run, "topk_groups")
-    _, ungrouped = load(gloo_run, "topk")
-    assert grouped[0]["ready_at_start"] == [2] * 20
-    assert ungrouped[0]["ready_at_start"][::2] == [1] * 10
+def test_groups_and_buckets_start_their_tensors_together(gloo_run):
+    """With one group, or a bucket that holds both tensors (both dense; or joined at
+    ``granularity="bucket"``), one exchange per step starts once both gradients exist; with a
+    bucket per tensor (``bucket_bytes=0``) the first starts as soon as its own gradient does, while
+    backward goes on. Results do not depend on the buckets at ``granularity="layer"``."""
+    for name in ("topk_groups", "none_bucket", "topk_joined"):
+        assert load(gloo_run, name)[1][0]["ready_at_start"] == [2] * 10, name
+    assert load(gloo_run, "topk")[1][0]["ready_at_start"] == [1, 2] * 10
+    check(gloo_run, "none_bucket", reference.simulate())
+
+
+def test_bucket_granularity_is_top_k_of_the_joined_tensors(gloo_run):
+    """granularity="bucket": top-k and its residual over the bucket's tensors joined into one
+    vector (here the bias joins the weight, so both are compressed), against the numpy model."""
+    expected = reference.simulate(reference.topk_with_residual(0.05), joined=True)
+    infos = check(gloo_run, "topk_joined", expected)
+    k = max(16, int(0.05 * (1280 + 8)))
+    assert infos[0]["stats"]["tensors"] == 10 * 2
+    assert infos[0]["stats"]["bytes_dense"] == 10 * (1280 + 8) * 4
+    assert infos[0]["stats"]["bytes_sent"] == 10 * k * (4 + 4)  # float32 values, int32 indices
 
 
 def test_sum_of_the_vote(gloo_run):

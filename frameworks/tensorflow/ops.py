@@ -122,6 +122,18 @@ class TensorFlowOps(Ops):
     def split(self, x, sizes):
         return tf.split(x, sizes if isinstance(sizes, tf.Tensor) else list(sizes))
 
+    def slice(self, x, start, length):
+        def at(v):
+            return tf.reshape(tf.cast(v, tf.int64), [1])
+        return tf.slice(x, at(start), at(length))
+
+    def to_bytes(self, x):
+        return tf.reshape(tf.bitcast(x, tf.uint8), [-1])
+
+    def from_bytes(self, b, dtype):
+        size = tf.as_dtype(dtype).size
+        return tf.bitcast(b if size == 1 else tf.reshape(b, [-1, size]), tf.as_dtype(dtype))
+
     def lengths(self, tensors):
         return tf.stack([tf.size(t, out_type=tf.int32) for t in tensors])
 

@@ -59,10 +59,9 @@ def make_reduce_grads(pipeline: Pipeline, op=hvd.Average, gradient_predivide_fac
         names = [variable_name(v, i) for i, v in enumerate(variables)]
         if len(set(names)) != len(names):
             names = [f"{n}.{i}" for i, n in enumerate(names)]
-        pending = []
-        for grad, name in zip(grads, names):
+        present = []
+        for position, (grad, name) in enumerate(zip(grads, names)):
             if grad is None:
-                pending.append(None)
                 continue
             if isinstance(grad, tf.IndexedSlices):
                 if not sparse_as_dense:
@@ -72,10 +71,20 @@ def make_reduce_grads(pipeline: Pipeline, op=hvd.Average, gradient_predivide_fac
                 grad = tf.convert_to_tensor(grad)
             if op == hvd.Average and gradient_predivide_factor != 1.0:
                 grad = grad / gradient_predivide_factor
-            pending.append(pipeline.start(grad, name, collectives, _OPS))
+            present.append((position, grad, name))
+        # Buckets in reverse variable order, as backward makes the gradients (as in PyTorch).
+        present.reverse()
+        buckets = pipeline.buckets([(_OPS.shape(g), _OPS.dtype(g)) for _, g, _ in present], _OPS)
+        exchanges = [pipeline.start_bucket([present[i][1] for i in bucket],
+                                           [present[i][2] for i in bucket], collectives, _OPS)
+                     for bucket in buckets]
         scale = gradient_predivide_factor / collectives.size if op == hvd.Average else 1.0
         # One verdict for the step: an Inf or NaN anywhere drops every tensor's state writes.
-        finished = iter(pipeline.finish_step([p for p in pending if p is not None], collectives, scale))
-        return [None if p is None else next(finished) for p in pending]
+        finished = pipeline.finish_step(exchanges, collectives, scale)
+        combined: list = [None] * len(grads)
+        for bucket, results in zip(buckets, finished):
+            for i, result in zip(bucket, results):
+                combined[present[i][0]] = result
+        return combined
 
     return reduce_grads

@@ -134,6 +134,21 @@ class TorchOps(Ops):
         sizes = sizes.tolist() if isinstance(sizes, torch.Tensor) else [int(n) for n in sizes]
         return list(torch.split(x, sizes))
 
+    def slice(self, x, start, length):
+        start = int(start)
+        return x[start:start + int(length)]
+
+    def to_bytes(self, x):
+        if x.numel() == 0:  # an empty tensor may have any strides, which view refuses
+            return torch.empty(0, dtype=torch.uint8, device=x.device)
+        return x.reshape(-1).contiguous().view(torch.uint8)
+
+    def from_bytes(self, b, dtype):
+        target = _dtype(dtype)
+        if b.storage_offset() % target.itemsize:  # a view of another dtype must start aligned
+            b = b.clone()
+        return b.view(target)
+
     def add(self, a, b):
         return a + b
 

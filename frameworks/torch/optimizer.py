@@ -45,13 +45,15 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
-        self._handles: dict = {}
-        self._requires_update: list = []
+        self._touched: set = set()  # parameters whose hook fired since the last synchronize
+        self._done: set = set()  # ... and whose gradient is final for this step
+        self._started: dict = {}  # bucket index -> its exchange (grace.pipeline.Exchange)
         self._synchronized = False
         self._should_synchronize = True
         self._groups = groups
-        self._p_to_group: dict = {}
-        self._group_ready: dict = {}
+        self._buckets: list[tuple] = []
+        self._bucket_of: dict = {}
+        self._bucket_ready: list[int] = []
         if self.process_set.included():
             self._register_hooks()
             self._check_agreement()
@@ -59,27 +61,36 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
     # --- set-up --------------------------------------------------------------------------------
     def _register_hooks(self):
         params = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
-        # Sorted by name so that every worker forms the same groups and issues missing tensors in
-        # the same order.
-        self._requires_update = sorted(params, key=self._parameter_names.__getitem__)
-        if self._groups is not None:
-            for group in _form_groups(self._requires_update, self._groups):
-                for p in group:
-                    self._p_to_group[p] = group
-                self._group_ready[group] = 0
+        # Reverse registration order, roughly the order in which backward makes the gradients (as
+        # PyTorch DDP assumes): the first bucket fills, and starts, while backward goes on. Every
+        # worker builds the same model, so it forms the same buckets (the agreement check makes
+        # sure).
+        self._requires_update = list(reversed(params))
+        if self._groups is not None:  # Horovod's groups: tensors that travel together
+            self._buckets = _form_groups(self._requires_update, self._groups)
+        else:
+            positions = self._pipeline.buckets(
+                [(tuple(p.shape), _OPS.dtype(p)) for p in self._requires_update], _OPS)
+            self._buckets = [tuple(self._requires_update[i] for i in bucket) for bucket in positions]
+        for index, bucket in enumerate(self._buckets):
+            for p in bucket:
+                self._bucket_of[p] = index
+        self._bucket_ready = [0] * len(self._buckets)
         for p in self._requires_update:
             p.register_post_accumulate_grad_hook(self._make_hook(p))
 
     def _check_agreement(self):
-        """Fail at once, on every worker, if the workers differ in compression, options or
-        parameters (a mismatch would otherwise hang a collective or combine unlike payloads)."""
+        """Fail at once, on every worker, if the workers differ in compression, options,
+        parameters or buckets (a mismatch would otherwise hang a collective or combine unlike
+        payloads)."""
         if self.process_set.size() == 1:
             return
         mine = agreement.describe(
             self._pipeline,
             [(self._parameter_names[p], p.shape, p.dtype) for p in self._requires_update],
             op=self.op, backward_passes_per_step=self.backward_passes_per_step,
-            gradient_predivide_factor=self.gradient_predivide_factor)
+            gradient_predivide_factor=self.gradient_predivide_factor,
+            buckets=[[self._parameter_names[p] for p in bucket] for bucket in self._buckets])
         agreement.check(gather_objects(hvd, mine, self.process_set, "grace.agreement"))
 
     def set_backward_passes_per_step(self, passes: int) -> None:
@@ -95,7 +106,7 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         return state
 
     def load_state_dict(self, state_dict):
-        self._handles = {}
+        self._reset_step()
         self._synchronized = False
         self._should_synchronize = True
         for p in self._allreduce_delay:
@@ -107,7 +118,7 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
             self._pipeline.load_state_dict(compression)
 
     # --- communication -------------------------------------------------------------------------
-    def _start(self, p):
+    def _gradient(self, p):
         if p.grad is None:
             # Another worker may have a gradient for p in this step: every worker must take part.
             p.grad = torch.zeros_like(p)
@@ -120,35 +131,30 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
             grad = grad.to_dense()
         if self.op == hvd.Average and self.gradient_predivide_factor != 1.0:
             grad = grad / self.gradient_predivide_factor
-        name = self._parameter_names[p]
-        if (grad.dtype in _HOROVOD_FLOATS and grad.is_contiguous()  # Horovod's in-place op needs both
-                and self._pipeline.travels_as_is(tuple(grad.shape), _OPS.dtype(grad), _OPS)):
-            # Horovod's own in-place allreduce: the same sum, without the pipeline's per-tensor work.
-            self._pipeline.count_as_is(grad.numel(), grad.element_size(), _OPS)
-            handle = hvd.allreduce_async_(grad, name=f"grace.{name}", op=hvd.Sum,
-                                          process_set=self.process_set)
-            return _AsIs(handle, grad)
-        return self._pipeline.start(grad, name, self._collectives, _OPS)
+        return grad
+
+    def _start_bucket(self, index: int) -> None:
+        bucket = self._buckets[index]
+        self._started[index] = self._pipeline.start_bucket(
+            [self._gradient(p) for p in bucket], [self._parameter_names[p] for p in bucket],
+            self._collectives, _OPS)
 
     def _make_hook(self, p):
         def hook(*_):
-            if self._handles.get(p) is not None and self._allreduce_delay[p] <= 0:
+            if p in self._done and self._allreduce_delay[p] <= 0:
                 raise AssertionError(
                     "Gradients were computed more than backward_passes_per_step times before call "
                     "to step(). Increase backward_passes_per_step to accumulate gradients locally.")
+            self._touched.add(p)
             self._allreduce_delay[p] -= 1
             if self._allreduce_delay[p] > 0:
-                self._handles[p] = None
-            elif self._groups is None:
-                self._handles[p] = self._start(p)
-            else:
-                self._handles.setdefault(p, None)
-                group = self._p_to_group[p]
-                self._group_ready[group] += 1
-                if self._group_ready[group] == len(group):
-                    self._group_ready[group] = 0
-                    for member in group:
-                        self._handles[member] = self._start(member)
+                return
+            self._done.add(p)
+            index = self._bucket_of[p]
+            self._bucket_ready[index] += 1
+            if self._bucket_ready[index] == len(self._buckets[index]):
+                # The bucket's last gradient is ready: it travels while backward goes on.
+                self._start_bucket(index)
         return hook
 
     def _scale(self) -> float:
@@ -156,38 +162,30 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
             return self.gradient_predivide_factor / self._collectives.size
         return 1.0
 
+    def _reset_step(self) -> None:
+        self._touched.clear()
+        self._done.clear()
+        self._started.clear()
+        self._bucket_ready = [0] * len(self._buckets)
+
     def synchronize(self):
         if not self.process_set.included():
             self._synchronized = True
             return
-        for p in self._requires_update:
-            if self._handles.get(p) is None:
-                self._handles[p] = self._start(p)
-        scale = self._scale()
-        results, as_is, compressed = {}, [], []
-        for p in self._requires_update:
-            pending = self._handles[p]
-            if isinstance(pending, _AsIs):
-                results[p] = hvd.synchronize(pending.handle)
-                if scale != 1.0:
-                    results[p].mul_(scale)
-                as_is.append(results[p])
-            else:
-                compressed.append(p)
+        for index in range(len(self._buckets)):
+            if index not in self._started:  # some gradient did not come from backward's hooks
+                self._start_bucket(index)
         # One verdict for the step: an Inf or NaN anywhere drops every tensor's state writes.
-        finished = self._pipeline.finish_step([self._handles[p] for p in compressed], self._collectives,
-                                              scale, carried=as_is)
-        results.update(zip(compressed, finished))
-        for p in self._requires_update:
-            result = results[p]
-            self._allreduce_delay[p] = self.backward_passes_per_step
-            if p.grad.is_sparse:
-                p.grad.zero_().add_(result.to_sparse())
-            else:
-                p.grad.set_(result.to(p.grad.dtype))
-        for group in self._group_ready:
-            self._group_ready[group] = 0
-        self._handles.clear()
+        finished = self._pipeline.finish_step([self._started[i] for i in range(len(self._buckets))],
+                                              self._collectives, self._scale())
+        for bucket, results in zip(self._buckets, finished):
+            for p, result in zip(bucket, results):
+                self._allreduce_delay[p] = self.backward_passes_per_step
+                if p.grad.is_sparse:
+                    p.grad.zero_().add_(result.to_sparse())
+                else:
+                    p.grad.set_(result.to(p.grad.dtype))
+        self._reset_step()
         self._synchronized = True
 
     @contextmanager
@@ -212,7 +210,7 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).step(closure)
 
     def zero_grad(self, *args, **kwargs):
-        if self._handles:
+        if self._touched:
             raise AssertionError(
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() "
                 "or optimizer.synchronize(). This is prohibited as it can cause a race condition.")
@@ -221,16 +219,6 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
     def compression_stats(self) -> dict:
         """This worker's ``stats()`` of the pipeline: bytes sent against dense bytes."""
         return self._pipeline.stats()
-
-
-_HOROVOD_FLOATS = (torch.float16, torch.float32, torch.float64)  # Horovod 0.28.1 has no bfloat16
-
-
-class _AsIs:
-    """A gradient in Horovod's own in-place allreduce (see ``Pipeline.travels_as_is``)."""
-
-    def __init__(self, handle, tensor):
-        self.handle, self.tensor = handle, tensor
 
 
 def _one_value(optimizer, key: str):

@@ -47,6 +47,16 @@ class NumpyOps(Ops):
     def split(self, x, sizes):
         return np.split(np.asarray(x), np.cumsum(sizes)[:-1])
 
+    def slice(self, x, start, length):
+        start = int(start)
+        return np.asarray(x)[start:start + int(length)]
+
+    def to_bytes(self, x):
+        return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+
+    def from_bytes(self, b, dtype):
+        return np.array(b, dtype=np.uint8, copy=True).view(_np_dtype(dtype))
+
     def add(self, a, b):
         return np.add(a, b, dtype=np.result_type(a, b))
 

@@ -56,13 +56,13 @@ def train(name, make_compression, steps=args.steps, op=None, passes=1, optimizer
     info = {"class_module": type(opt).__module__,
             "grace": type(opt).__dict__.get("compression_stats") is not None, "ready_at_start": []}
     if info["grace"]:
-        # How many of the model's gradients exist whenever a tensor's exchange starts (groups).
-        start = opt._start
+        # How many of the model's gradients exist whenever a bucket's exchange starts.
+        start = opt._start_bucket
 
-        def recording(p):
+        def recording(index):
             info["ready_at_start"].append(sum(q.grad is not None for q in model.parameters()))
-            return start(p)
-        opt._start = recording
+            return start(index)
+        opt._start_bucket = recording
     if broadcast:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(opt, root_rank=0)
@@ -92,7 +92,12 @@ if args.import_order == "no-grace":
                  "hvd_none": lambda: train("hvd_none", lambda: hvd.Compression.none)}
 else:
     scenarios = {
-        "topk": lambda: train("topk", lambda: grace.topk(0.05)),
+        # Every tensor its own bucket: each starts as soon as its gradient is ready.
+        "topk": lambda: train("topk", lambda: grace.topk(0.05, bucket_bytes=0)),
+        # Both tensors travel dense: the default bucket holds them, one exchange once both are
+        # ready; at granularity="bucket" top-k's one bucket joins them.
+        "none_bucket": lambda: train("none_bucket", lambda: grace.none()),
+        "topk_joined": lambda: train("topk_joined", lambda: grace.topk(0.05, granularity="bucket")),
         "topk_sum": lambda: train("topk_sum", lambda: grace.topk(0.05), op=hvd.Sum),
         "topk_broadcast": lambda: train("topk_broadcast",
                                         lambda: grace.topk(0.05, communicator="broadcast")),
