@@ -160,6 +160,13 @@ class Compressor(ABC):
         second payload (``decompress`` of it is this worker's own approximation)."""
         raise NotImplementedError
 
+    def second_rounds(self, aggregated: Sequence[Payload], ctxs: Sequence[Context],
+                      ops: Ops) -> list[Payload]:
+        """``second_round`` for the tensors of one bucket at once, so that an algorithm can batch
+        the work (PowerSGD orthogonalizes its matrices of one shape in one call). Like
+        ``second_round`` it writes no state."""
+        return [self.second_round(a, ctx, ops) for a, ctx in zip(aggregated, ctxs)]
+
     def after_aggregate(self, aggregated: Payload, ctx: Context, ops: Ops) -> None:
         """Called with the last round's payload summed over workers (e.g. to keep a warm start)."""
 

@@ -413,7 +413,8 @@ class Ops(ABC):
 
     @abstractmethod
     def orthogonalize(self, x: Tensor) -> Tensor:
-        """An orthonormal basis of the columns of the 2-d ``x`` (Q of its QR decomposition)."""
+        """An orthonormal basis of the columns of the 2-d ``x`` (Q of its QR decomposition), or of
+        each matrix of a 3-d batch."""
 
     # --- randomness ----------------------------------------------------------------------------
     def random_indices(self, n: int, k: int, seed_of: Callable[[Any], int], step: Any,

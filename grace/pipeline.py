@@ -511,14 +511,18 @@ class Pipeline:
             later = [i for i, e in enumerate(entries) if e.compressor.rounds >= step]
             if not later:
                 break
-            for i in later:
+            # The bucket's next payloads at once (only the pipeline's own compressor has more
+            # rounds than one): PowerSGD batches its orthogonalizations.
+            compressor = entries[later[0]].compressor
+            following = compressor.second_rounds([_sum_payloads(payloads[i], ops) for i in later],
+                                                 [entries[i].ctx for i in later], ops)
+            for i, payload in zip(later, following):
                 entry = entries[i]
-                with ops.within(entry.transaction):
-                    entry.payload = entry.compressor.second_round(_sum_payloads(payloads[i], ops),
-                                                                  entry.ctx, ops)
-                    if entry.compressor.rounds == step:
-                        entry.memory.update(entry.compensated, entry.name, entry.compressor,
-                                            entry.payload, entry.ctx, ops)
+                entry.payload = payload
+                if compressor.rounds == step:
+                    with ops.within(entry.transaction):
+                        entry.memory.update(entry.compensated, entry.name, compressor, payload,
+                                            entry.ctx, ops)
             round_entries = [entries[i] for i in later]
             round_sent = self._send_round(round_entries, f"{tag}.{step}", group, ops, None)
             received, _ = self._receive(round_sent, round_entries, group, ops)

@@ -19,9 +19,9 @@ OPS = NumpyOps()
 SHAPES = [(64, 48), (64,), (48, 32), (48,), (32, 32), (32,), (5000,), (16, 40)]
 
 
-def gradients(rank: int, step: int) -> list[np.ndarray]:
+def gradients(rank: int, step: int, shapes=SHAPES) -> list[np.ndarray]:
     rng = np.random.default_rng(100 * step + rank)
-    return [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
+    return [rng.standard_normal(s).astype(np.float32) for s in shapes]
 
 
 class Counting:
@@ -52,7 +52,7 @@ def exchange(pipelines, steps=2, bucketed=True, grads=gradients, scale=0.5):
     results, and per worker its counting collectives."""
     group = InProcessGroup(2)
     workers = [Counting(group.worker(r)) for r in range(2)]
-    names = [f"t{i}" for i in range(len(SHAPES))]
+    names = [f"t{i}" for i in range(len(grads(0, 0)))]
     results = [[] for _ in pipelines]
     # Each step's collectives are complete everywhere before the next reuses their names.
     barrier = threading.Barrier(2)
@@ -205,3 +205,26 @@ def test_bad_granularity_and_bucket_bytes_are_refused_at_construction():
         grace.topk(0.01, bucket_bytes=-1)
     with pytest.raises(ValueError, match="powersgd.*granularity='layer'"):
         grace.powersgd(granularity="bucket")
+
+
+def test_powersgd_orthogonalizes_a_buckets_matrices_of_one_shape_together():
+    """Matrices of one shape in one bucket share one batched QR call, with the bits each gets
+    alone: results equal tensor by tensor, bit for bit."""
+    shapes = [(64, 48), (64, 48), (32, 96), (64, 48), (32, 96)]
+
+    def grads(rank, step):
+        return gradients(rank, step, shapes)
+    calls = []
+    fused = [grace.powersgd() for _ in range(2)]
+    original = OPS.orthogonalize
+    OPS.orthogonalize = lambda x: calls.append(x.shape) or original(x)
+    try:
+        a, _ = exchange(fused, steps=2, grads=grads)
+    finally:
+        OPS.orthogonalize = original
+    b, _ = exchange([grace.powersgd() for _ in range(2)], steps=2, grads=grads, bucketed=False)
+    for step_a, step_b in zip(a[0], b[0]):
+        for x, y in zip(step_a, step_b):
+            np.testing.assert_array_equal(x, y)
+    # Per worker and step one call for the 3 matrices of (64, 48) and one for the 2 of (32, 96).
+    assert sorted(calls) == [(2, 32, 2)] * 4 + [(3, 64, 2)] * 4

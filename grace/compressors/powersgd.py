@@ -55,7 +55,30 @@ class PowerSGD(Compressor):
     def second_round(self, aggregated, ctx, ops):
         n, m, r = ctx.data["dims"]
         dtype = compute_dtype(ctx.dtype)
-        p = ops.orthogonalize(ops.reshape(ops.cast(aggregated[0], dtype), (n, r)))
+        return self._q_payload(ops.orthogonalize(ops.reshape(ops.cast(aggregated[0], dtype), (n, r))),
+                               ctx, ops)
+
+    def second_rounds(self, aggregated, ctxs, ops):
+        # One QR call for all of a bucket's P matrices of one shape (a batch gives each matrix the
+        # bits it gets alone, in every adapter), instead of one call per matrix.
+        shapes: dict = {}
+        for i, ctx in enumerate(ctxs):
+            n, _, r = ctx.data["dims"]
+            shapes.setdefault((n, r, compute_dtype(ctx.dtype)), []).append(i)
+        ps: list = [None] * len(ctxs)
+        for (n, r, dtype), members in shapes.items():
+            if len(members) == 1:
+                i = members[0]
+                ps[i] = ops.orthogonalize(ops.reshape(ops.cast(aggregated[i][0], dtype), (n, r)))
+                continue
+            stacked = ops.concat([ops.cast(aggregated[i][0], dtype) for i in members])
+            basis = ops.flatten(ops.orthogonalize(ops.reshape(stacked, (len(members), n, r))))
+            for i, piece in zip(members, ops.split(basis, [n * r] * len(members))):
+                ps[i] = ops.reshape(piece, (n, r))
+        return [self._q_payload(p, ctx, ops) for p, ctx in zip(ps, ctxs)]
+
+    def _q_payload(self, p, ctx, ops):
+        """The second payload, ``Q = Mᵀ P``, from the orthogonalized ``P``."""
         ctx.data["p"] = p
         return [ops.cast(ops.flatten(ops.matmul(ctx.data["matrix"], p, transpose_a=True)), ctx.dtype)]
 
