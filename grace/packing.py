@@ -149,5 +149,5 @@ def _element(lengths: Tensor, i: int, ops: Ops) -> Any:
     value = ops.slice(lengths, i, 1)
     try:
         return int(ops.to_numpy(value)[0])
-    except Exception:  # a symbolic tensor: its value is known only when the graph runs
+    except (AttributeError, NotImplementedError):  # symbolic: known only when the graph runs
         return ops.reshape(ops.cast(value, "int64"), [])

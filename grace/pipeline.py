@@ -454,16 +454,15 @@ class Pipeline:
                 ops.counter(self._counters, "bytes_sent",
                             entry.communicator.bytes_sent(entry.payload, group, ops))
                 sent.own[i] = entry.communicator.start(entry.payload, f"{tag}.{entry.name}", group, ops)
-        if flag is not None:  # in the buffer's dtype where it rides in a sum
-            ops.counter(self._counters, "bytes_control", ops.nbytes(flag))
         if sums:
             buffers, sent.sum_layout = pack_sums(sums, flag, ops)
-            if flag is not None:
-                ops.counter(self._counters, "bytes_control",
-                            ops.itemsize(sent.sum_layout.flag_dtype) - ops.nbytes(flag))
+            if flag is not None:  # in the sum's dtype: 2 bytes in a float16 buffer
+                ops.counter(self._counters, "bytes_control", ops.itemsize(sent.sum_layout.flag_dtype))
             flag = None
             ops.counter(self._counters, "bytes_sent", sum(ops.nbytes(t) for _, t in sums))
             sent.sums = [group.allreduce_async(b, f"{tag}.sum{k}") for k, b in enumerate(buffers)]
+        if flag is not None:  # as 4 bytes of the gathered buffer, or in an allreduce of its own
+            ops.counter(self._counters, "bytes_control", ops.nbytes(flag))
         if gathers:
             buffer, sent.byte_layout = pack_bytes(gathers, flag, ops)
             flag = None
