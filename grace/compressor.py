@@ -134,6 +134,14 @@ class Compressor(ABC):
             total = ops.add(total, t)
         return total
 
+    def combine(self, payloads: Sequence[Payload], ctx: Context, ops: Ops,
+                scale: float = 1.0) -> Tensor:
+        """The workers' payloads (one per worker, or one already summed), decompressed,
+        aggregated and multiplied by ``scale``: ``aggregate`` of each one's ``decompress`` (an
+        algorithm may do it in one pass over the tensor)."""
+        total = self.aggregate([self.decompress(p, ctx, ops) for p in payloads], ops)
+        return ops.scale(total, scale) if scale != 1.0 else total
+
     def payload_nbytes(self, shape: tuple[int, ...], itemsize: int) -> int | None:
         """The payload's size in bytes for a tensor of this shape, when known in advance, or an upper
         bound for a payload whose size varies (used to leave a tensor dense where compression would
@@ -141,9 +149,18 @@ class Compressor(ABC):
         return None
 
     def residual(self, compensated: Tensor, payload: Payload, ctx: Context, ops: Ops) -> Tensor:
-        """What error feedback keeps: ``compensated - decompress(payload)`` (an algorithm may
-        compute it without materialising the decompressed tensor)."""
+        """What error feedback keeps: ``compensated - decompress(payload)``; for a payload of
+        entries sent as they are (``sent_indices``), the compensated tensor with those entries
+        zeroed, the same in one copy."""
+        sent = self.sent_indices(payload, ctx)
+        if sent is not None:
+            return ops.reshape(ops.zero_at(ops.flatten(compensated), sent), ctx.shape)
         return ops.sub(compensated, self.decompress(payload, ctx, ops))
+
+    def sent_indices(self, payload: Payload, ctx: Context) -> Tensor | None:
+        """For a sparsifier that sends some entries exactly as they are: their (distinct) indices
+        in the flattened tensor; ``None`` for any other payload."""
+        return None
 
     def not_smaller(self, flat: Tensor, ctx: Context, ops: Ops) -> Tensor:
         """For ``agrees_on_form``: a 1-element float32 tensor, 1 where the encoding of the 1-d
@@ -182,6 +199,66 @@ class Compressor(ABC):
     def params(self) -> dict[str, Any]:
         """The constructor's parameters, as given."""
         return {}
+
+
+class Sparse:
+    """For a sparsifier whose payload's first tensor holds values of some entries (at
+    ``positions``; the payload's second tensor by default): decoding scatters the values, the
+    residual zeroes the sent entries (``sent_indices``), and the workers' payloads are summed by
+    one scatter of all their entries, scaled before it: one pass over the tensor instead of one
+    per worker, an addition and a scaling."""
+
+    def positions(self, payload, ctx):
+        """The indices of the entries whose values ``payload[0]`` holds."""
+        return payload[1]
+
+    def decode(self, payload, ctx, ops):
+        return ops.scatter_add(ctx.numel, self.positions(payload, ctx), payload[0])
+
+    def sent_indices(self, payload, ctx):
+        return self.positions(payload, ctx)
+
+    def combine(self, payloads, ctx, ops, scale=1.0):
+        values = [p[0] for p in payloads]
+        positions = [self.positions(p, ctx) for p in payloads]
+        values = ops.concat(values) if len(values) > 1 else values[0]
+        positions = ops.concat(positions) if len(positions) > 1 else positions[0]
+        if scale != 1.0:  # the values scaled, not the tensor they are scattered into
+            values = ops.scale(values, scale)
+        return ops.reshape(ops.scatter_add(ctx.numel, positions, values), ctx.shape)
+
+
+class Tabled:
+    """For a compressor whose payload decodes through a small table per block of elements (1-bit
+    SGD's two means, EF-signSGD's ±scale, QSGD's levels): ``tables`` gives the packed codes and
+    the tables, and decoding, the residual and the sum over workers each take one pass over the
+    tensor. The residual decodes onto the compensated tensor through the negated tables (``x +
+    (-t)`` is ``x - t`` exactly); the workers' payloads decode one onto the other, each table
+    scaled first (a few values per block, not the tensor)."""
+
+    def tables(self, payload, ctx, ops) -> tuple[Tensor, int, Tensor, int]:
+        """(the packed codes, bits per code, the tables (blocks, 2**bits) in ``ctx.dtype``, the
+        block's size)."""
+        raise NotImplementedError
+
+    def decode(self, payload, ctx, ops):
+        packed, bits, tables, block = self.tables(payload, ctx, ops)
+        return ops.unpack_blocks(packed, bits, ctx.numel, tables, block)
+
+    def residual(self, compensated, payload, ctx, ops):
+        packed, bits, tables, block = self.tables(payload, ctx, ops)
+        left = ops.unpack_blocks(packed, bits, ctx.numel, ops.scale(tables, -1.0), block,
+                                 base=ops.flatten(compensated))
+        return ops.reshape(left, ctx.shape)
+
+    def combine(self, payloads, ctx, ops, scale=1.0):
+        total = None
+        for payload in payloads:
+            packed, bits, tables, block = self.tables(payload, ctx, ops)
+            if scale != 1.0:
+                tables = ops.scale(tables, scale)
+            total = ops.unpack_blocks(packed, bits, ctx.numel, tables, block, base=total)
+        return ops.reshape(total, ctx.shape)
 
 
 class Seeded:

@@ -129,8 +129,9 @@ class Ops(ABC):
     # --- selection -----------------------------------------------------------------------------
     @abstractmethod
     def topk_indices(self, x: Tensor, k: int) -> Tensor:
-        """Indices (of ``index_dtype(numel)``, any order) of the ``k`` entries of 1-d ``x`` with the
-        largest magnitude."""
+        """Indices (of ``index_dtype(numel)``, ascending) of the ``k`` entries of 1-d ``x`` with
+        the largest magnitude. Ascending, so that gathering them and scattering into them walk
+        memory forwards: measured 7 times faster than in random order for 2.4 M elements."""
 
     @abstractmethod
     def gather(self, x: Tensor, indices: Tensor) -> Tensor:
@@ -140,6 +141,13 @@ class Ops(ABC):
     def scatter_add(self, n: int, indices: Tensor, values: Tensor) -> Tensor:
         """A 1-d tensor of ``n`` zeros (``values``' dtype and device) with ``values`` added at
         ``indices``; repeated indices add up."""
+
+    def zero_at(self, x: Tensor, indices: Tensor) -> Tensor:
+        """A copy of 1-d ``x`` with zeros at ``indices`` (repeated indices allowed). An adapter
+        overrides it with its one-pass fill; this composite takes three."""
+        n = self.numel(x)
+        hits = self.scatter_add(n, indices, self.full(self.size(indices), 1.0, self.dtype(x), like=x))
+        return self.where(self.equal(hits, 0.0), x, self.zeros(n, self.dtype(x), like=x))
 
     @abstractmethod
     def from_numpy(self, array: Any, like: Tensor) -> Tensor:
@@ -345,12 +353,19 @@ class Ops(ABC):
             self.row_sums(self.where(nonnegative, zero, rows)),
             self.row_sums(self.mul(rows, rows))]), (4, buckets.count))
 
-    def unpack_blocks(self, packed: Tensor, bits: int, n: int, tables: Tensor, block: int) -> Tensor:
+    def unpack_blocks(self, packed: Tensor, bits: int, n: int, tables: Tensor, block: int,
+                      base: Tensor | None = None) -> Tensor:
         """``tables[i // block, code]`` for each of the ``n`` codes ``pack_bits`` packed: decoding
         with one table of ``2**bits`` values per block of ``block`` elements (``tables``: (blocks,
-        2**bits), the output's dtype)."""
+        2**bits), the output's dtype). With ``base`` (1-d, ``n`` elements): ``base`` plus that, in
+        the same pass where a kernel can."""
         if 8 % bits == 0 and self.dtype(tables) == "float32":
-            fast = self.fused("unpack_blocks", packed, tables, bits=bits, n=n, block=block)
+            if base is None:
+                fast = self.fused("unpack_blocks", packed, tables, bits=bits, n=n, block=block)
+            elif self.dtype(base) == "float32":
+                fast = self.fused("unpack_blocks_onto", packed, tables, base, bits=bits, n=n, block=block)
+            else:
+                fast = None
             if fast is not None:
                 return fast[0]
         buckets = Buckets.of(n, block)
@@ -358,7 +373,8 @@ class Ops(ABC):
         offsets = self.mul(self.arange(buckets.count, "int32", like=codes),
                            self.constant([1 << bits], "int32", like=codes))
         index = buckets.flat(self.add(codes, buckets.column(offsets, self)), self)
-        return self.gather(self.flatten(tables), index)
+        decoded = self.gather(self.flatten(tables), index)
+        return decoded if base is None else self.add(base, decoded)
 
     def sign_bits(self, x: Tensor) -> Tensor:
         """One bit per element, 1 where ``x >= 0``, packed."""
@@ -581,10 +597,11 @@ def host_row_sums(rows):
 
 
 def draw_indices(n: int, k: int, seed: int):
-    """The one definition of random-k's index draw, shared by every adapter."""
+    """The one definition of random-k's index draw, shared by every adapter: ascending, so that
+    gathering and scattering walk memory forwards (see ``Ops.topk_indices``)."""
     import numpy as np
 
-    return np.random.default_rng(seed).choice(n, size=k, replace=False).astype(index_dtype(n))
+    return np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False)).astype(index_dtype(n))
 
 
 _BACKENDS = {

@@ -534,9 +534,7 @@ class Pipeline:
         totals = []
         for entry, payload in zip(entries, payloads):
             with ops.within(entry.transaction):
-                decompressed = [entry.compressor.decompress(p, entry.ctx, ops) for p in payload]
-                total = entry.compressor.aggregate(decompressed, ops)
-            totals.append(ops.scale(total, scale) if scale != 1.0 else total)
+                totals.append(entry.compressor.combine(payload, entry.ctx, ops, scale))
         return totals, flag
 
     def finish(self, pending: Exchange, group: Collectives, scale: float = 1.0) -> Tensor:

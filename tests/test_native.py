@@ -109,6 +109,23 @@ def test_unpack_blocks_is_the_composite_code(n, bits):
 
 
 @pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("bits", [1, 2, 4])
+def test_unpack_blocks_onto_a_base_is_the_composite_code(n, bits):
+    """Decoding onto a tensor (the residual, the sum over workers) adds in the same pass: bit for
+    bit ``base + decoded``, zeros of either sign included."""
+    g = torch.Generator().manual_seed(bits)
+    codes = torch.randint(0, 1 << bits, (n,), generator=g, dtype=torch.int32)
+    packed = TORCH.pack_bits(codes, bits)
+    tables = torch.randn(-(-n // 512), 1 << bits, generator=g)
+    tables[0] = torch.tensor([-0.0, 0.0] * (1 << bits))[: 1 << bits]
+    base = data(n, seed=bits)
+    onto = TORCH.unpack_blocks(packed, bits, n, tables, 512, base=base)
+    expected = base + tables[torch.arange(n) // 512, codes.long()]
+    assert torch.equal(onto, expected) and torch.equal(torch.signbit(onto), torch.signbit(expected))
+    assert torch.equal(onto, composite("unpack_blocks")(packed, bits, n, tables, 512, base))
+
+
+@pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 8])
 def test_unpack_values_is_the_composite_code(n, bits):
     g = torch.Generator().manual_seed(bits)

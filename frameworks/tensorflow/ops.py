@@ -44,13 +44,27 @@ def _sampled_topk(x, k: int, n: int, index_type: str):
 
     def among_candidates():
         chosen = tf.math.top_k(tf.abs(tf.gather(x, candidates)), k, sorted=False).indices
-        return tf.cast(tf.gather(candidates, chosen), index_type)
+        return tf.cast(tf.gather(candidates, _ascending(chosen, tf.size(candidates))), index_type)
 
     def full():
-        return tf.math.top_k(tf.abs(x), k, sorted=False, index_type=index_type).indices
+        return _top_k(x, k, n, index_type)
 
     enough = tf.logical_and(tf.size(candidates) >= k, threshold > 0)
     return tf.cond(enough, among_candidates, full)
+
+
+def _ascending(positions, n):
+    """The ``k`` distinct ``positions`` in ``[0, n)`` in ascending order, by a mask: linear, where
+    a sort is not. Its shape stays static ``[k]``, as ``positions``' was."""
+    mask = tf.scatter_nd(tf.reshape(positions, [-1, 1]), tf.ones(tf.shape(positions), tf.bool),
+                         tf.reshape(tf.cast(n, positions.dtype), [1]))
+    return tf.cast(tf.reshape(tf.where(mask), tf.shape(positions)), positions.dtype)
+
+
+def _top_k(x, k: int, n, index_type: str):
+    """The indices of the ``k`` largest magnitudes of ``x``, ascending."""
+    chosen = tf.math.top_k(tf.abs(x), k, sorted=False, index_type=index_type).indices
+    return _ascending(chosen, tf.size(x) if n is None else n)
 
 
 def _native(*tensors) -> bool:
@@ -156,7 +170,7 @@ class TensorFlowOps(Ops):
         index_type = index_dtype(n) if n is not None else "int32"
         if n is not None and n >= SAMPLED_TOPK_MIN and k * 8 <= n:
             return _sampled_topk(x, k, n, index_type)
-        return tf.math.top_k(tf.abs(x), k, sorted=False, index_type=index_type).indices
+        return _top_k(x, k, n, index_type)
 
     def gather(self, x, indices):
         taken = indices.shape.num_elements()
@@ -168,6 +182,10 @@ class TensorFlowOps(Ops):
         if n >= NATIVE_MIN and values.dtype == tf.float32 and native.available():
             return _host(lambda i, v: native.scatter_add(n, i, v), [indices, values], tf.float32, [n])
         return tf.math.unsorted_segment_sum(values, indices, n)
+
+    def zero_at(self, x, indices):
+        return tf.tensor_scatter_nd_update(x, tf.reshape(indices, [-1, 1]),
+                                           tf.zeros(tf.shape(indices), x.dtype))
 
     def size(self, x):
         return x.shape.num_elements() if x.shape.is_fully_defined() else tf.size(x)

@@ -51,8 +51,16 @@ def _sampled_topk(x: torch.Tensor, k: int) -> torch.Tensor | None:
             candidates = torch.nonzero(mask).reshape(-1)
         if candidates.numel() >= k:
             chosen = torch.topk(x[candidates].abs(), k, sorted=False).indices
-            return candidates[chosen]
+            return candidates[_ascending(chosen, candidates.numel())]  # candidates ascend
     return None
+
+
+def _ascending(positions: torch.Tensor, n: int) -> torch.Tensor:
+    """Distinct ``positions`` in ``[0, n)`` in ascending order, by a mask: linear, where a sort is
+    not."""
+    mask = torch.zeros(n, dtype=torch.bool, device=positions.device)
+    mask[positions] = True
+    return torch.nonzero(mask).reshape(-1)
 
 
 WIDE_CHUNK = 1 << 20
@@ -167,7 +175,7 @@ class TorchOps(Ops):
         if n >= SAMPLED_TOPK_MIN and k * 8 <= n:
             indices = _sampled_topk(x, k)
         if indices is None:
-            indices = torch.topk(x.abs(), k, sorted=False).indices
+            indices = _ascending(torch.topk(x.abs(), k, sorted=False).indices, n)
         return indices.to(_dtype(index_dtype(n)))
 
     def gather(self, x, indices):
@@ -180,6 +188,9 @@ class TorchOps(Ops):
             return torch.from_numpy(native.scatter_add(n, indices.numpy(), values.detach().numpy()))
         out = torch.zeros(n, dtype=values.dtype, device=values.device)
         return out.index_add_(0, indices, values)
+
+    def zero_at(self, x, indices):
+        return x.clone().index_fill_(0, indices.long(), 0)
 
     def full(self, n, value, dtype, like):
         return torch.full((n,), value, dtype=_dtype(dtype), device=like.device)
@@ -267,10 +278,6 @@ class TorchOps(Ops):
     def nonfinite_flag(self, x):
         if x.numel() == 0 or not x.is_floating_point():
             return torch.zeros(1, dtype=torch.float32, device=x.device)
-        if _native(x):
-            # A float64 sum of float32 values cannot overflow: it is finite exactly when they are.
-            total = native.sums(x.detach().numpy())[0]
-            return torch.tensor([0.0 if math.isfinite(total) else 1.0], dtype=torch.float32)
         # The extremes are not finite exactly when some element is not (NaN propagates through
         # min and max): one reduction, no tensor of booleans.
         low, high = torch.aminmax(x)

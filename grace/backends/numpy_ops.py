@@ -73,7 +73,7 @@ class NumpyOps(Ops):
 
     def topk_indices(self, x, k):
         n = x.shape[0]
-        idx = np.argpartition(np.abs(x), n - k)[n - k:] if k < n else np.arange(n)
+        idx = np.sort(np.argpartition(np.abs(x), n - k)[n - k:]) if k < n else np.arange(n)
         return idx.astype(index_dtype(n))
 
     def gather(self, x, indices):
@@ -82,6 +82,11 @@ class NumpyOps(Ops):
     def scatter_add(self, n, indices, values):
         out = np.zeros(n, dtype=np.asarray(values).dtype)
         np.add.at(out, np.asarray(indices, dtype=np.int64), values)
+        return out
+
+    def zero_at(self, x, indices):
+        out = np.array(x, copy=True)
+        out[np.asarray(indices, dtype=np.int64)] = 0
         return out
 
     def full(self, n, value, dtype, like):

@@ -6,11 +6,11 @@ from functools import lru_cache
 import numpy as np
 
 from grace.buckets import DEFAULT_BUCKET_SIZE, Buckets
-from grace.compressor import TINY, Compressor, Seeded, compute_dtype, numel_of
+from grace.compressor import TINY, Compressor, Seeded, Tabled, compute_dtype, numel_of
 from grace.validation import check_int
 
 
-class QSGD(Seeded, Compressor):
+class QSGD(Seeded, Tabled, Compressor):
     """QSGD with ``levels`` = s, in buckets of ``bucket_size`` consecutive elements: each element is
     sent as its sign and a level in 0..s, chosen by stochastic rounding of ``s * |x| / ||b||_2``
     (rounded up with probability equal to the fraction), where ``b`` is the element's bucket, plus
@@ -51,15 +51,14 @@ class QSGD(Seeded, Compressor):
                                     block=buckets.size)
         return [ops.cast(norms, ctx.dtype), codes]
 
-    def decode(self, payload, ctx, ops):
+    def tables(self, payload, ctx, ops):
         norms, packed = payload
         dtype = compute_dtype(ctx.dtype)
         buckets = self.buckets(ctx.numel)
         # Each bucket's 2^bits values, ±q * norm / s: the elements are decoded through them.
         units = buckets.column(ops.scale(ops.cast(norms, dtype), 1.0 / self.levels), ops)
         signed = ops.reshape(ops.constant(_signed_levels(self.bits), dtype, like=packed), (1, -1))
-        tables = ops.cast(ops.mul(units, signed), ctx.dtype)
-        return ops.unpack_blocks(packed, self.bits, ctx.numel, tables, buckets.size)
+        return packed, self.bits, ops.cast(ops.mul(units, signed), ctx.dtype), buckets.size
 
     def payload_nbytes(self, shape, itemsize):
         numel = numel_of(shape)

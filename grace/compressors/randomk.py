@@ -1,10 +1,10 @@
 from __future__ import annotations
 
-from grace.compressor import Compressor, Seeded, numel_of
+from grace.compressor import Compressor, Seeded, Sparse, numel_of
 from grace.validation import check_bool, check_ratio
 
 
-class RandomK(Seeded, Compressor):
+class RandomK(Seeded, Sparse, Compressor):
     """Random-k sparsification: each step keeps ``k = max(1, int(ratio * numel))`` entries chosen
     uniformly at random and sends only their values. The indices are never sent: every worker draws
     the same ones from a private generator seeded by (``seed``, tensor name, step), so payloads share
@@ -44,8 +44,11 @@ class RandomK(Seeded, Compressor):
             values = ops.scale(values, ctx.numel / k)
         return [values]
 
-    def decode(self, payload, ctx, ops):
-        return ops.scatter_add(ctx.numel, ctx.data["indices"], payload[0])
+    def positions(self, payload, ctx):
+        return ctx.data["indices"]  # drawn alike on every worker, never sent
+
+    def sent_indices(self, payload, ctx):
+        return None if self.scale else ctx.data["indices"]  # scaled values are not the tensor's
 
     def payload_nbytes(self, shape, itemsize):
         return self.k(numel_of(shape)) * itemsize

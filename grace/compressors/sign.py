@@ -7,7 +7,7 @@ import math
 import warnings
 
 from grace.buckets import DEFAULT_BUCKET_SIZE, Buckets
-from grace.compressor import Compressor, compute_dtype, numel_of
+from grace.compressor import Compressor, Tabled, compute_dtype, numel_of
 from grace.momentum import OwnsMomentum
 from grace.validation import check_int
 
@@ -131,7 +131,7 @@ class Signum(OwnsMomentum, SignSGD):
         return [ops.sign_bits(momentum)]
 
 
-class EFSignSGD(Compressor):
+class EFSignSGD(Tabled, Compressor):
     """Scaled sign for error-feedback signSGD, in buckets of ``bucket_size`` elements: send
     ``sign(p)`` (1 bit each) and, per bucket ``b``, the scale ``||p_b||_1 / |b|``, so the estimate
     is ``(||p_b||_1 / |b|) sign(p)``; its default ``efsignsgd`` memory feeds back the error ``p -
@@ -159,19 +159,18 @@ class EFSignSGD(Compressor):
         scales = ops.div(ops.sub(positive, negative), lengths)  # the mean magnitude per bucket
         return [ops.cast(scales, ctx.dtype), ops.sign_bits(x)]
 
-    def decode(self, payload, ctx, ops):
+    def tables(self, payload, ctx, ops):
         scales, packed = payload
         buckets = Buckets.of(ctx.numel, self.bucket_size)
         # Each bucket's two values, -scale and +scale, for the bits 0 (x < 0) and 1.
         signs = ops.reshape(ops.constant([-1.0, 1.0], ctx.dtype, like=packed), (1, 2))
-        tables = ops.mul(buckets.column(scales, ops), signs)
-        return ops.unpack_blocks(packed, 1, ctx.numel, tables, buckets.size)
+        return packed, 1, ops.mul(buckets.column(scales, ops), signs), buckets.size
 
     def payload_nbytes(self, shape, itemsize):
         return Buckets.of(numel_of(shape), self.bucket_size).count * itemsize + _bits_nbytes(shape)
 
 
-class OneBit(Compressor):
+class OneBit(Tabled, Compressor):
     """1-bit SGD, in buckets of ``bucket_size`` elements: each element is sent as one bit, whether
     it is >= 0, and the receiver replaces it by the mean of its bucket's non-negative or negative
     elements (both sent, per bucket); error feedback keeps the quantization error, on the velocity
@@ -200,14 +199,14 @@ class OneBit(Compressor):
         mean_neg = ops.div(negative, ops.maximum(rest, 1.0))
         return [ops.cast(ops.concat([mean_pos, mean_neg]), ctx.dtype), ops.sign_bits(x)]
 
-    def decode(self, payload, ctx, ops):
+    def tables(self, payload, ctx, ops):
         means, packed = payload
         buckets = Buckets.of(ctx.numel, self.bucket_size)
         mean_pos, mean_neg = ops.split(means, [buckets.count, buckets.count])
         # Each bucket's two values: its negative mean for the bit 0, its non-negative one for 1.
         bit = ops.reshape(ops.greater_equal(ops.constant([0.0, 1.0], "float32", like=packed), 0.5), (1, 2))
         tables = ops.where(bit, buckets.column(mean_pos, ops), buckets.column(mean_neg, ops))
-        return ops.unpack_blocks(packed, 1, ctx.numel, tables, buckets.size)
+        return packed, 1, tables, buckets.size
 
     def payload_nbytes(self, shape, itemsize):
         return 2 * Buckets.of(numel_of(shape), self.bucket_size).count * itemsize + _bits_nbytes(shape)

@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-from grace.compressor import LENGTH_BYTES, Compressor, at_least_bytes
+from grace.compressor import LENGTH_BYTES, Compressor, Sparse, at_least_bytes
 from grace.ops import INDEX_BYTES, index_dtype
 from grace.validation import check_positive
 
 
-class Threshold(Compressor):
+class Threshold(Sparse, Compressor):
     """Threshold sparsification: send every entry whose magnitude reaches ``threshold``, as (values,
     int32 indices); error feedback keeps the rest. How many entries that is varies from step to step
     and worker to worker, so the payload lengths travel with it. Should so many pass on some worker
@@ -33,7 +33,3 @@ class Threshold(Compressor):
     def encode(self, flat, name, ctx, ops):
         indices = ops.indices_at_least(flat, self.threshold)
         return [ops.gather(flat, indices), indices]
-
-    def decode(self, payload, ctx, ops):
-        values, indices = payload
-        return ops.scatter_add(ctx.numel, indices, values)

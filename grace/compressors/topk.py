@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from grace.compressor import Compressor, numel_of
+from grace.compressor import Compressor, Sparse, numel_of
 from grace.ops import index_dtype
 from grace.validation import check_ratio
 
@@ -18,7 +18,7 @@ def kept(ratio: float, numel: int) -> int:
     return min(numel, max(MIN_KEPT, int(ratio * numel)))
 
 
-class TopK(Compressor):
+class TopK(Sparse, Compressor):
     """Top-k sparsification: each worker sends the ``k = max(16, int(ratio * numel))`` entries of
     largest magnitude (``kept``) as (values, int32 indices) and drops the rest, which error feedback (the
     ``residual`` memory) adds back into later steps. Workers pick different indices, so payloads are
@@ -42,10 +42,6 @@ class TopK(Compressor):
     def encode(self, flat, name, ctx, ops):
         indices = ops.topk_indices(flat, self.k(ctx.numel))
         return [ops.gather(flat, indices), indices]
-
-    def decode(self, payload, ctx, ops):
-        values, indices = payload
-        return ops.scatter_add(ctx.numel, indices, values)
 
     def payload_nbytes(self, shape, itemsize):
         numel = numel_of(shape)

@@ -33,13 +33,16 @@ class DGCMemory(MomentumMemory):
         return super().compensate(tensor, name, ops)
 
     def update(self, compensated, name, compressor, payload, ctx, ops):
-        sent = compressor.decompress(payload, ctx, ops)
-        kept = ops.equal(sent, 0.0)
-        zeros = ops.mul(compensated, 0.0)
-        ops.save(self.residuals, name, ops.where(kept, compensated, zeros))
+        # Masking: the residual and the velocity zeroed where entries were sent, each in one copy;
+        # for a payload other than entries as they are, where the decompressed tensor is not 0.
+        indices = compressor.sent_indices(payload, ctx)
+        if indices is None:
+            sent = ops.abs(ops.flatten(compressor.decompress(payload, ctx, ops)))
+            indices = ops.nonzero(ops.less(ops.scale(sent, -1.0), 0.0))  # sent != 0
+        ops.save(self.residuals, name, compressor.residual(compensated, payload, ctx, ops))
         if self.momentum != 0.0:
-            ops.save(self.velocities, name,
-                     ops.where(kept, ops.load(self.velocities, name, like=sent), zeros))
+            velocity = ops.flatten(ops.load(self.velocities, name, like=compensated))
+            ops.save(self.velocities, name, ops.reshape(ops.zero_at(velocity, indices), ctx.shape))
 
     def __repr__(self):
         params = {**self.momentum_params(), "clip_norm": self.clip_norm}

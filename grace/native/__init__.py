@@ -90,7 +90,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "grace_uniform": [u32, u32, i64, i64, ptr],
         "grace_quantize_levels": [ptr, i64, i64, ptr, i64, f32, u32, u32, ctypes.c_int, ptr],
         "grace_block_sums": [ptr, i64, i64, i64, i64, i64, ptr],
-        "grace_unpack_blocks": [ptr, ctypes.c_int, i64, i64, ptr, i64, ptr],
+        "grace_unpack_blocks": [ptr, ctypes.c_int, i64, i64, ptr, i64, ptr, ptr],
         "grace_sign_bits": [ptr, i64, i64, ptr],
         "grace_unpack_values": [ptr, ctypes.c_int, i64, i64, ptr, ptr],
         "grace_sums": [ptr, i64, i64, ptr],
@@ -159,11 +159,14 @@ def reason() -> str | None:
 
 
 def threads() -> int:
-    """How many threads a large kernel call uses: ``GRACE_NATIVE_THREADS``, else the CPUs this
-    process may run on (read once; the affinity query is a system call)."""
-    value = os.environ.get("GRACE_NATIVE_THREADS")
-    if value:
-        return max(1, int(value))
+    """How many threads a large kernel call uses: ``GRACE_NATIVE_THREADS``, else
+    ``OMP_NUM_THREADS`` (the framework's own kernels use that many: a job that gives each worker
+    one core says so there), else the CPUs this process may run on (read once; the affinity query
+    is a system call)."""
+    for variable in ("GRACE_NATIVE_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(variable, "").strip()
+        if value.isdigit():
+            return max(1, int(value))
     return _cpus()
 
 
@@ -290,11 +293,22 @@ def block_sums(x: np.ndarray, block: int) -> np.ndarray:
 
 def unpack_blocks(packed: np.ndarray, tables: np.ndarray, bits: int, n: int, block: int) -> np.ndarray:
     """``tables[i // block, code]`` (float32) for each of the ``n`` codes of ``bits`` bits packed."""
+    return _unpack_blocks(packed, tables, None, bits, n, block)
+
+
+def unpack_blocks_onto(packed: np.ndarray, tables: np.ndarray, base: np.ndarray, bits: int, n: int,
+                       block: int) -> np.ndarray:
+    """``base + unpack_blocks(...)`` (float32), in one pass."""
+    return _unpack_blocks(packed, tables, np.ascontiguousarray(base, np.float32), bits, n, block)
+
+
+def _unpack_blocks(packed, tables, base, bits, n, block):
     lib = _require()
     tables = np.ascontiguousarray(tables, np.float32)
     out = _empty(n, np.float32)
+    onto = None if base is None else base.ctypes.data
     _parallel(n, lambda _, start, count: lib.grace_unpack_blocks(
-        packed.ctypes.data, bits, start, count, tables.ctypes.data, block, out.ctypes.data))
+        packed.ctypes.data, bits, start, count, tables.ctypes.data, block, onto, out.ctypes.data))
     return out
 
 
@@ -544,6 +558,8 @@ FUSED: dict[str, tuple[Callable, Callable]] = {
         ("uint8", ((x[0] * bits + 7) // 8,))]),
     "block_sums": (block_sums, lambda x, block: [("float64", (4, -(-x[0] // block)))]),
     "unpack_blocks": (unpack_blocks, lambda packed, tables, bits, n, block: [("float32", (n,))]),
+    "unpack_blocks_onto": (unpack_blocks_onto,
+                           lambda packed, tables, base, bits, n, block: [("float32", (n,))]),
     "sign_bits": (sign_bits, lambda x: [("uint8", ((x[0] + 7) // 8,))]),
     "unpack_values": (unpack_values, lambda packed, values, bits, n: [("float32", (n,))]),
     "scaled_sum": (scaled_sum, lambda *shapes, alpha, beta: [("float32", shapes[-1])]),

@@ -162,9 +162,10 @@ void grace_block_sums(const float *x, int64_t n, int64_t block, int64_t first, i
 }
 
 /* tables[(i / block) * 2^bits + code] for the codes of elements [start, start + n): decoding with one
- * small table per block (a scale per bucket). bits divides 8. */
+ * small table per block (a scale per bucket). bits divides 8. With base (else NULL), base[i] plus
+ * that: a decoded tensor added to another in the same pass. */
 void grace_unpack_blocks(const uint8_t *packed, int bits, int64_t start, int64_t n, const float *tables,
-                         int64_t block, float *out) {
+                         int64_t block, const float *base, float *out) {
     uint32_t mask = (1U << bits) - 1U;
     int shift = bits == 1 ? 3 : bits == 2 ? 2 : bits == 4 ? 1 : 0;  /* log2 of codes per byte */
     int64_t per = (int64_t)1 << shift;
@@ -172,8 +173,13 @@ void grace_unpack_blocks(const uint8_t *packed, int bits, int64_t start, int64_t
         int64_t k = lo / block;
         int64_t hi = (k + 1) * block < start + n ? (k + 1) * block : start + n;
         const float *t = tables + k * ((int64_t)1 << bits);
-        for (int64_t i = lo; i < hi; i++)
-            out[i] = t[(packed[i >> shift] >> (bits * (i & (per - 1)))) & mask];
+        /* A table lookup, not a branch on the code: the codes of a gradient are random. */
+        if (base)
+            for (int64_t i = lo; i < hi; i++)
+                out[i] = base[i] + t[(packed[i >> shift] >> (bits * (i & (per - 1)))) & mask];
+        else
+            for (int64_t i = lo; i < hi; i++)
+                out[i] = t[(packed[i >> shift] >> (bits * (i & (per - 1)))) & mask];
         lo = hi;
     }
 }

@@ -1,0 +1,105 @@
+"""The one-pass forms of the residual and of the sum over workers (``Compressor.residual``,
+``Compressor.combine``: sparsifiers scatter every worker's entries at once and zero the sent ones;
+table decoders decode onto a base) give the general definitions' values:
+``compensated - decompress(payload)`` bit for bit, and ``scale * sum(decompress(p))`` bit for bit
+at scale 1 and within rounding of the scaling's order otherwise. Selected indices ascend."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import grace
+from frameworks.torch.ops import TorchOps
+from grace.backends.numpy_ops import NumpyOps
+from grace.ops import draw_indices
+
+WORKERS = 3
+ONE_ROUND = [name for name in grace.available() if grace.build(name).compressor.rounds == 1]
+# numpy has no bfloat16: bf16 runs on torch tensors only.
+CASES = [(name, backend) for name in ONE_ROUND for backend in ("numpy", "torch")
+         if not (name == "bf16" and backend == "numpy")]
+
+
+def gradients(backend: str, n: int = 6000):
+    rng = np.random.default_rng(7)
+    grads = []
+    for _ in range(WORKERS):
+        x = (rng.standard_normal(n) * 0.1).astype(np.float32)
+        x[::97] = 0.0  # exact zeros: sent or not, they must come back as they were
+        grads.append(torch.from_numpy(x) if backend == "torch" else x)
+    return grads
+
+
+def payloads(name: str, backend: str):
+    ops = TorchOps() if backend == "torch" else NumpyOps()
+    compressor = grace.build(name, min_numel=0).compressor
+    sent = [compressor.compress(g, "w", ops, rank=r) for r, g in enumerate(gradients(backend))]
+    return compressor, ops, sent
+
+
+def general_sum(compressor, ops, sent, scale):
+    ctx = sent[0][1]
+    total = compressor.aggregate([compressor.decompress(p, ctx, ops) for p, _ in sent], ops)
+    return ops.to_numpy(ops.scale(total, scale) if scale != 1.0 else total)
+
+
+@pytest.mark.parametrize("name, backend", CASES)
+def test_residual_is_compensated_minus_decompressed(name, backend):
+    compressor, ops, sent = payloads(name, backend)
+    x = gradients(backend)[0]
+    payload, ctx = sent[0]
+    got = ops.to_numpy(compressor.residual(x, payload, ctx, ops))
+    expected = ops.to_numpy(ops.sub(x, compressor.decompress(payload, ctx, ops)))
+    np.testing.assert_array_equal(got, expected)
+    assert np.array_equal(np.signbit(got), np.signbit(expected))
+
+
+@pytest.mark.parametrize("name, backend", CASES)
+def test_combine_is_the_scaled_sum_of_the_decompressed_payloads(name, backend):
+    compressor, ops, sent = payloads(name, backend)
+    ctx = sent[0][1]
+    if compressor.summable:  # allreduce sums the payloads first; combine sees the sum alone
+        from grace.pipeline import _sum_payloads
+
+        workers = [_sum_payloads([p for p, _ in sent], ops)]
+        sent = [(workers[0], ctx)]
+    else:
+        workers = [p for p, _ in sent]
+    combined = ops.to_numpy(compressor.combine(workers, ctx, ops))
+    np.testing.assert_array_equal(combined, general_sum(compressor, ops, sent, 1.0))
+    scaled = ops.to_numpy(compressor.combine(workers, ctx, ops, 1.0 / WORKERS))
+    expected = general_sum(compressor, ops, sent, 1.0 / WORKERS)
+    # Scaling each worker's values before adding them rounds differently from scaling their sum:
+    # by a few units in the last place of the terms (not of the sum, where terms cancel).
+    terms = sum(np.abs(ops.to_numpy(compressor.decompress(p, ctx, ops))) for p, _ in sent)
+    bound = 4 * np.finfo(np.float32).eps * terms / WORKERS
+    assert scaled.shape == expected.shape
+    assert np.all(np.abs(scaled.astype(np.float64) - expected) <= bound + 1e-38)
+
+
+@pytest.mark.parametrize("name", ["topk", "dgc", "threshold", "randomk"])
+@pytest.mark.parametrize("n", [5000, 300_000])  # the second takes the sampled top-k
+def test_sparsifiers_send_ascending_indices_in_every_adapter(name, n):
+    import tensorflow as tf
+
+    from frameworks.tensorflow.ops import TensorFlowOps
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(n).astype(np.float32)
+    found = []
+    for ops, tensor in ((NumpyOps(), x), (TorchOps(), torch.from_numpy(x)),
+                        (TensorFlowOps(), tf.constant(x))):
+        compressor = grace.build(name, min_numel=0).compressor
+        payload, ctx = compressor.compress(tensor, "w", ops)
+        indices = ops.to_numpy(ctx.data["indices"] if name == "randomk" else payload[1])
+        assert np.all(np.diff(indices.astype(np.int64)) > 0), type(ops).__name__
+        found.append(indices.astype(np.int64))
+    for other in found[1:]:
+        np.testing.assert_array_equal(other, found[0])
+
+
+def test_random_k_draws_ascending_distinct_indices():
+    indices = draw_indices(1_000_000, 10_000, 5).astype(np.int64)
+    assert len(indices) == 10_000 and np.all(np.diff(indices) > 0)
