@@ -148,13 +148,15 @@ class Compressor(ABC):
         not shrink it); ``None`` if unknown."""
         return None
 
-    def residual(self, compensated: Tensor, payload: Payload, ctx: Context, ops: Ops) -> Tensor:
+    def residual(self, compensated: Tensor, payload: Payload, ctx: Context, ops: Ops,
+                 overwrite: bool = False) -> Tensor:
         """What error feedback keeps: ``compensated - decompress(payload)``; for a payload of
         entries sent as they are (``sent_indices``), the compensated tensor with those entries
-        zeroed, the same in one copy."""
+        zeroed, the same in one copy, or in none with ``overwrite`` (``compensated`` is not used
+        afterwards, and the payload holds copies of its entries)."""
         sent = self.sent_indices(payload, ctx)
         if sent is not None:
-            return ops.reshape(ops.zero_at(ops.flatten(compensated), sent), ctx.shape)
+            return ops.reshape(ops.zero_at(ops.flatten(compensated), sent, overwrite), ctx.shape)
         return ops.sub(compensated, self.decompress(payload, ctx, ops))
 
     def sent_indices(self, payload: Payload, ctx: Context) -> Tensor | None:
@@ -245,7 +247,7 @@ class Tabled:
         packed, bits, tables, block = self.tables(payload, ctx, ops)
         return ops.unpack_blocks(packed, bits, ctx.numel, tables, block)
 
-    def residual(self, compensated, payload, ctx, ops):
+    def residual(self, compensated, payload, ctx, ops, overwrite=False):
         packed, bits, tables, block = self.tables(payload, ctx, ops)
         left = ops.unpack_blocks(packed, bits, ctx.numel, ops.scale(tables, -1.0), block,
                                  base=ops.flatten(compensated))

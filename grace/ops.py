@@ -142,9 +142,11 @@ class Ops(ABC):
         """A 1-d tensor of ``n`` zeros (``values``' dtype and device) with ``values`` added at
         ``indices``; repeated indices add up."""
 
-    def zero_at(self, x: Tensor, indices: Tensor) -> Tensor:
-        """A copy of 1-d ``x`` with zeros at ``indices`` (repeated indices allowed). An adapter
-        overrides it with its one-pass fill; this composite takes three."""
+    def zero_at(self, x: Tensor, indices: Tensor, overwrite: bool = False) -> Tensor:
+        """1-d ``x`` with zeros at ``indices`` (repeated indices allowed), as a new tensor; with
+        ``overwrite``, ``x`` is not used afterwards and an adapter may zero it where it is (no copy
+        of the tensor). An adapter overrides it with its one-pass fill; this composite takes
+        three."""
         n = self.numel(x)
         hits = self.scatter_add(n, indices, self.full(self.size(indices), 1.0, self.dtype(x), like=x))
         return self.where(self.equal(hits, 0.0), x, self.zeros(n, self.dtype(x), like=x))

@@ -60,7 +60,14 @@ def learning_rate(name: str, workload: str, optimizer: str) -> float | None:
 
 
 def compressor_of(compression: str) -> str:
+    """The algorithm's name (its learning rate and target go by it)."""
     return compression if compression in compare.BASELINES else json.loads(compression)["compressor"]
+
+
+def label_of(compression: str) -> str:
+    """The row's name: the algorithm's, with any parameter given, e.g. ``topk(granularity=bucket)``
+    beside ``topk`` at its defaults."""
+    return compare.label(compression)
 
 
 def run_matrix(args) -> list[dict]:
@@ -73,7 +80,7 @@ def run_matrix(args) -> list[dict]:
     with tqdm(matrix, desc="quality runs", unit="run") as bar:
         for workload, optimizer, fw, comp in bar:
             name = compressor_of(comp)
-            bar.set_postfix_str(f"{workload}-{optimizer} {fw} {name}")
+            bar.set_postfix_str(f"{workload}-{optimizer} {fw} {label_of(comp)}")
             epochs, steps = BUDGET[workload]
             run_args = argparse.Namespace(epochs=epochs, steps=steps, exchange_steps=steps,
                                           timeout=args.timeout)
@@ -86,7 +93,7 @@ def run_matrix(args) -> list[dict]:
             results.append(row)
             final = row["epochs"][-1] if row["status"] == "ok" else None
             metric = compare.METRIC[workload][0]
-            bar.write(f"{workload}-{optimizer:4s} {fw:5s} {name:10s} "
+            bar.write(f"{workload}-{optimizer:4s} {fw:5s} {label_of(comp):10s} "
                       + (f"{metric} {final[metric]:.4f}" if final else row["status"]))
             with open(os.path.join(args.out, "quality.json"), "w") as f:
                 json.dump(results, f, indent=1)  # kept as it goes: a long matrix survives a stop
@@ -118,7 +125,8 @@ def summarize(results: list[dict]) -> list[dict]:
         name = compressor_of(r["compression"])
         final, ref = _final(r), baseline.get(case)
         row = {"workload": r["workload"], "optimizer": case[1], "framework": r["framework"],
-               "compressor": name, "lr": r.get("lr"), "status": r.get("status"), "final": final}
+               "compressor": label_of(r["compression"]), "lr": r.get("lr"),
+               "status": r.get("status"), "final": final}
         if final is not None and ref is not None:
             if r["workload"] == "mnist":
                 row["gap"] = round(100 * (ref - final), 2)  # accuracy points below fp32

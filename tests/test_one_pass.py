@@ -50,10 +50,15 @@ def test_residual_is_compensated_minus_decompressed(name, backend):
     compressor, ops, sent = payloads(name, backend)
     x = gradients(backend)[0]
     payload, ctx = sent[0]
+    before = ops.to_numpy(ops.copy(x))
     got = ops.to_numpy(compressor.residual(x, payload, ctx, ops))
     expected = ops.to_numpy(ops.sub(x, compressor.decompress(payload, ctx, ops)))
     np.testing.assert_array_equal(got, expected)
     assert np.array_equal(np.signbit(got), np.signbit(expected))
+    np.testing.assert_array_equal(ops.to_numpy(x), before)  # without overwrite, x stays as it was
+    # With overwrite (the memory's own compensated tensor), the same residual, where x was.
+    overwritten = ops.to_numpy(compressor.residual(ops.copy(x), payload, ctx, ops, overwrite=True))
+    np.testing.assert_array_equal(overwritten, expected)
 
 
 @pytest.mark.parametrize("name, backend", CASES)
@@ -103,3 +108,20 @@ def test_sparsifiers_send_ascending_indices_in_every_adapter(name, n):
 def test_random_k_draws_ascending_distinct_indices():
     indices = draw_indices(1_000_000, 10_000, 5).astype(np.int64)
     assert len(indices) == 10_000 and np.all(np.diff(indices) > 0)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_powersgd_scales_the_summed_q_not_the_product(backend):
+    ops = TorchOps() if backend == "torch" else NumpyOps()
+    compressor = grace.build("powersgd", min_numel=0).compressor
+    x = gradients(backend, 64 * 90)[0]
+    x = x.reshape(64, 90)
+    first, ctx = compressor.compress(x, "w", ops)
+    (q,) = compressor.second_round(first, ctx, ops)  # one worker: its P is the sum
+    expected = ops.to_numpy(ops.scale(compressor.decompress([q], ctx, ops), 0.25))
+    got = ops.to_numpy(compressor.combine([[q]], ctx, ops, 0.25))
+    assert got.shape == (64, 90)
+    np.testing.assert_array_equal(got, expected)  # a power of two scales exactly either way
+    third = ops.to_numpy(compressor.combine([[q]], ctx, ops, 1.0 / 3.0))
+    scaled = ops.to_numpy(compressor.decompress([q], ctx, ops)) / 3.0
+    np.testing.assert_allclose(third, scaled, rtol=1e-5, atol=1e-7 * np.abs(scaled).max())

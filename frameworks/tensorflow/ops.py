@@ -183,7 +183,7 @@ class TensorFlowOps(Ops):
             return _host(lambda i, v: native.scatter_add(n, i, v), [indices, values], tf.float32, [n])
         return tf.math.unsorted_segment_sum(values, indices, n)
 
-    def zero_at(self, x, indices):
+    def zero_at(self, x, indices, overwrite=False):
         return tf.tensor_scatter_nd_update(x, tf.reshape(indices, [-1, 1]),
                                            tf.zeros(tf.shape(indices), x.dtype))
 

@@ -189,8 +189,8 @@ class TorchOps(Ops):
         out = torch.zeros(n, dtype=values.dtype, device=values.device)
         return out.index_add_(0, indices, values)
 
-    def zero_at(self, x, indices):
-        return x.clone().index_fill_(0, indices.long(), 0)
+    def zero_at(self, x, indices, overwrite=False):
+        return (x if overwrite else x.clone()).index_fill_(0, indices.long(), 0)
 
     def full(self, n, value, dtype, like):
         return torch.full((n,), value, dtype=_dtype(dtype), device=like.device)

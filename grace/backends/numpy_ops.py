@@ -84,8 +84,8 @@ class NumpyOps(Ops):
         np.add.at(out, np.asarray(indices, dtype=np.int64), values)
         return out
 
-    def zero_at(self, x, indices):
-        out = np.array(x, copy=True)
+    def zero_at(self, x, indices, overwrite=False):
+        out = x if overwrite and isinstance(x, np.ndarray) and x.flags.writeable else np.array(x, copy=True)
         out[np.asarray(indices, dtype=np.int64)] = 0
         return out
 

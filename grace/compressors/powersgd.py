@@ -85,7 +85,7 @@ class PowerSGD(Compressor):
     def after_aggregate(self, aggregated, ctx, ops):
         ops.save(self.q, ctx.data["name"], ops.cast(aggregated[0], compute_dtype(ctx.dtype)))
 
-    def residual(self, compensated, payload, ctx, ops):
+    def residual(self, compensated, payload, ctx, ops, overwrite=False):
         # M - P Q_localᵀ in one product-and-subtract, without the n × m approximation.
         n, m, r = ctx.data["dims"]
         dtype = compute_dtype(ctx.dtype)
@@ -93,6 +93,13 @@ class PowerSGD(Compressor):
         matrix = ops.reshape(ops.cast(compensated, dtype), (n, m))
         left = ops.sub_matmul(matrix, ctx.data["p"], q, transpose_b=True)
         return ops.reshape(ops.cast(left, ctx.dtype), ops.shape(compensated))
+
+    def combine(self, payloads, ctx, ops, scale=1.0):
+        if len(payloads) != 1 or scale == 1.0 or "p" not in ctx.data:
+            return super().combine(payloads, ctx, ops, scale)
+        # The summed Q scaled (m × r values), not the n × m product.
+        (q,) = payloads[0]
+        return self.decompress([ops.scale(q, scale)], ctx, ops)
 
     def decode(self, payload, ctx, ops):
         n, m, r = ctx.data["dims"]

@@ -39,7 +39,8 @@ class DGCMemory(MomentumMemory):
         if indices is None:
             sent = ops.abs(ops.flatten(compressor.decompress(payload, ctx, ops)))
             indices = ops.nonzero(ops.less(ops.scale(sent, -1.0), 0.0))  # sent != 0
-        ops.save(self.residuals, name, compressor.residual(compensated, payload, ctx, ops))
+        ops.save(self.residuals, name, compressor.residual(compensated, payload, ctx, ops,
+                                                           overwrite=True))
         if self.momentum != 0.0:
             velocity = ops.flatten(ops.load(self.velocities, name, like=compensated))
             ops.save(self.velocities, name, ops.reshape(ops.zero_at(velocity, indices), ctx.shape))

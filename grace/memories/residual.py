@@ -18,10 +18,12 @@ class ResidualMemory(Memory):
 
     def compensate(self, tensor, name, ops):
         residual = ops.load(self.residuals, name, like=tensor)
-        return tensor if residual is None else ops.add(tensor, residual)
+        # A tensor of its own either way, which ``update`` may turn into the residual in place.
+        return ops.copy(tensor) if residual is None else ops.add(tensor, residual)
 
     def update(self, compensated, name, compressor, payload, ctx, ops):
-        ops.save(self.residuals, name, compressor.residual(compensated, payload, ctx, ops))
+        ops.save(self.residuals, name, compressor.residual(compensated, payload, ctx, ops,
+                                                           overwrite=True))
 
 
 class PowerSGDMemory(ResidualMemory):
