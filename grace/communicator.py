@@ -1,39 +1,54 @@
-"""The ``Communicator`` interface: how payloads travel between workers, in two phases."""
+"""The ``Communicator`` interface: how a bucket's payloads travel between workers, in two phases."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
 
 from grace.collectives import Collectives
 from grace.compressor import Compressor, Payload
-from grace.ops import Ops
+from grace.ops import Ops, Tensor
+
+
+@dataclass
+class Started:
+    """A bucket's collectives in flight: the communicator's handle, whether the step's non-finite
+    flag rides in them, and the bytes this worker put in (payload, and control: the flag)."""
+
+    handle: Any
+    carries_flag: bool
+    bytes_sent: Any
+    bytes_control: int = 0
 
 
 class Communicator(ABC):
-    """Moves one tensor's payload between the workers of a group.
+    """Moves the payloads of a bucket's tensors between the workers of a group, in as few
+    collectives as it can (one per round: the payloads packed into one buffer).
 
     ``start`` issues the collectives and returns at once, so that a framework can overlap
-    communication with the rest of the backward pass; ``finish`` waits and returns the payloads to
-    decompress: one per worker, or a single one already summed over workers when the collective adds
-    (which is valid only for a ``summable`` compressor).
+    communication with the rest of the backward pass; it may carry the step's 1-element non-finite
+    flag inside them. ``finish`` waits and returns, per payload, the payloads to decompress: one per
+    worker, or a single one already summed over workers when the collective adds (which is valid
+    only for a ``summable`` compressor); and the flag summed over workers, if it carried it.
     """
 
     name: ClassVar[str] = "abstract"
 
     def bind(self, compressor: Compressor) -> None:
         """Called once with the pipeline's compressor: raise ``ValueError`` if this communicator would
-        give wrong results with it, or remember what it needs to know of it."""
+        give wrong results with it."""
 
     @abstractmethod
-    def start(self, payload: Payload, name: str, group: Collectives, ops: Ops) -> Any: ...
+    def start(self, payloads: Sequence[Payload], varies: Sequence[bool], flag: Tensor | None,
+              tag: str, group: Collectives, ops: Ops) -> Started:
+        """Start moving ``payloads`` (``varies[i]``: whether payload i's sizes depend on the
+        data, so that receivers must be told them); ``tag`` names the collectives, alike on every
+        worker."""
 
     @abstractmethod
-    def finish(self, handle: Any, group: Collectives, ops: Ops) -> list[Payload]: ...
-
-    @abstractmethod
-    def bytes_sent(self, payload: Payload, group: Collectives, ops: Ops) -> int:
-        """Payload bytes this worker puts into the collectives of one ``start``."""
+    def finish(self, started: Started, group: Collectives, ops: Ops
+               ) -> tuple[list[list[Payload]], Tensor | None]: ...
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

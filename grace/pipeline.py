@@ -8,8 +8,7 @@ from typing import Any, Callable, Sequence
 
 from grace.bucketing import DEFAULT_BUCKET_BYTES, form_buckets
 from grace.collectives import Collectives
-from grace.communicator import Communicator
-from grace.communicators.allgather import Allgather
+from grace.communicator import Communicator, Started
 from grace.communicators.allreduce import Allreduce
 from grace.compressor import Compressor, Context, numel_of
 from grace.compressors.none import NoneCompressor
@@ -18,15 +17,6 @@ from grace.memories.none import NoneMemory
 from grace.memory import Memory
 from grace.momentum import OptimizerMomentum, owner
 from grace.ops import FLOAT_DTYPES, Ops, Tensor, ops_for
-from grace.packing import (
-    ByteLayout,
-    SumLayout,
-    pack_bytes,
-    pack_sums,
-    packed_bytes,
-    unpack_bytes,
-    unpack_sums,
-)
 
 GRANULARITIES = ("layer", "bucket")
 
@@ -57,15 +47,12 @@ class Entry:
 
 @dataclass
 class Sent:
-    """The collectives of one round of a bucket."""
+    """The collectives of one round of a bucket: per communicator, the entries it carries and what
+    it started."""
 
-    sums: list = field(default_factory=list)
-    sum_layout: SumLayout | None = None
-    gathered: Any = None
-    byte_layout: ByteLayout | None = None
-    own: dict = field(default_factory=dict)  # entry -> its communicator's own handle (broadcast)
-    flag: Any = None  # the flag's own allreduce, when no buffer could carry it
-    parts: list[int] = field(default_factory=list)
+    groups: list[tuple[Communicator, list[int], Started]] = field(default_factory=list)
+    flag: Any = None  # the flag's own allreduce, when no communicator could carry it
+    count: int = 0
 
 
 @dataclass
@@ -441,58 +428,40 @@ class Pipeline:
 
     def _send_round(self, entries: list[Entry], tag: str, group: Collectives, ops: Ops,
                     flag: Tensor | None) -> Sent:
-        """Start one round's collectives for the entries' payloads: the summed ones packed per dtype,
-        the gathered ones packed as bytes, ``flag`` inside the first buffer."""
-        sums, gathers, sent = [], [], Sent()
+        """Start one round's collectives: the entries' payloads by communicator (a kind each, so
+        that dense and compressed payloads of one bucket each travel packed), ``flag`` inside the
+        first that can carry it, else in an allreduce of its own."""
+        by_kind: dict[type, tuple[Communicator, list[int]]] = {}
         for i, entry in enumerate(entries):
-            if isinstance(entry.communicator, Allreduce):
-                sums += [((i, j), t) for j, t in enumerate(entry.payload)]
-            elif isinstance(entry.communicator, Allgather):
-                varies = not entry.compressor.fixed_size
-                gathers += [((i, j), t, varies) for j, t in enumerate(entry.payload)]
-            else:  # broadcast: a collective per worker and payload tensor, as it is
-                ops.counter(self._counters, "bytes_sent",
-                            entry.communicator.bytes_sent(entry.payload, group, ops))
-                sent.own[i] = entry.communicator.start(entry.payload, f"{tag}.{entry.name}", group, ops)
-        if sums:
-            buffers, sent.sum_layout = pack_sums(sums, flag, ops)
-            if flag is not None:  # in the sum's dtype: 2 bytes in a float16 buffer
-                ops.counter(self._counters, "bytes_control", ops.itemsize(sent.sum_layout.flag_dtype))
-            flag = None
-            ops.counter(self._counters, "bytes_sent", sum(ops.nbytes(t) for _, t in sums))
-            sent.sums = [group.allreduce_async(b, f"{tag}.sum{k}") for k, b in enumerate(buffers)]
-        if flag is not None:  # as 4 bytes of the gathered buffer, or in an allreduce of its own
-            ops.counter(self._counters, "bytes_control", ops.nbytes(flag))
-        if gathers:
-            buffer, sent.byte_layout = pack_bytes(gathers, flag, ops)
-            flag = None
-            ops.counter(self._counters, "bytes_sent", packed_bytes(gathers, ops))
-            sent.gathered = group.allgather_async(buffer, f"{tag}.gather")
+            by_kind.setdefault(type(entry.communicator), (entry.communicator, []))[1].append(i)
+        sent = Sent(count=len(entries))
+        for communicator, members in by_kind.values():
+            started = communicator.start([entries[i].payload for i in members],
+                                         [not entries[i].compressor.fixed_size for i in members],
+                                         flag, tag, group, ops)
+            if started.carries_flag:
+                flag = None
+            ops.counter(self._counters, "bytes_sent", started.bytes_sent)
+            if started.bytes_control:
+                ops.counter(self._counters, "bytes_control", started.bytes_control)
+            sent.groups.append((communicator, members, started))
         if flag is not None:
+            ops.counter(self._counters, "bytes_control", ops.nbytes(flag))
             sent.flag = group.allreduce_async(flag, f"{tag}.nonfinite")
-        sent.parts = [len(e.payload) for e in entries]
         return sent
 
-    def _receive(self, sent: Sent, entries: list[Entry], group: Collectives, ops: Ops
-                 ) -> tuple[list[list], Tensor | None]:
+    @staticmethod
+    def _receive(sent: Sent, group: Collectives, ops: Ops) -> tuple[list[list], Tensor | None]:
         """Wait for one round: per entry its payloads (one summed, or one per worker), and the
         flag summed over workers."""
-        payloads: list[list] = [[] for _ in entries]
+        payloads: list[list] = [[] for _ in range(sent.count)]
         flag = None
-        if sent.sums:
-            parts, flag = unpack_sums([group.synchronize(h) for h in sent.sums], sent.sum_layout, ops)
-            for i, n in enumerate(sent.parts):
-                if isinstance(entries[i].communicator, Allreduce):
-                    payloads[i] = [[parts[(i, j)] for j in range(n)]]
-        if sent.gathered is not None:
-            workers, gathered_flag = unpack_bytes(group.synchronize(sent.gathered), sent.byte_layout,
-                                                  group.size, ops)
-            flag = gathered_flag if flag is None else flag
-            for i, n in enumerate(sent.parts):
-                if isinstance(entries[i].communicator, Allgather):
-                    payloads[i] = [[parts[(i, j)] for j in range(n)] for parts in workers]
-        for i, handle in sent.own.items():
-            payloads[i] = entries[i].communicator.finish(handle, group, ops)
+        for communicator, members, started in sent.groups:
+            received, carried = communicator.finish(started, group, ops)
+            for i, payload in zip(members, received):
+                payloads[i] = payload
+            if carried is not None:
+                flag = carried
         if sent.flag is not None:
             flag = group.synchronize(sent.flag)
         return payloads, flag
@@ -503,7 +472,7 @@ class Pipeline:
         the bucket's flag. A compressor of several rounds computes each next payload from the
         previous one summed over workers (PowerSGD: Q from the summed P); error feedback keeps what
         this worker's own last payload leaves out. Each round is one exchange for the bucket."""
-        payloads, flag = self._receive(sent, entries, group, ops)
+        payloads, flag = self._receive(sent, group, ops)
         step = 1
         while True:
             step += 1
@@ -524,7 +493,7 @@ class Pipeline:
                                             entry.ctx, ops)
             round_entries = [entries[i] for i in later]
             round_sent = self._send_round(round_entries, f"{tag}.{step}", group, ops, None)
-            received, _ = self._receive(round_sent, round_entries, group, ops)
+            received, _ = self._receive(round_sent, group, ops)
             for i, payload in zip(later, received):
                 payloads[i] = payload
                 entry = entries[i]

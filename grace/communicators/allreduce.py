@@ -1,13 +1,15 @@
 from __future__ import annotations
 
-from grace.communicator import Communicator
+from grace.communicator import Communicator, Started
+from grace.packing import pack_sums, unpack_sums
 
 
 class Allreduce(Communicator):
-    """Sums each payload tensor over the workers (Horovod allreduce), so the receiver decompresses
-    once. Bytes per worker do not grow with the number of workers, but it is only valid when every
-    worker's payload has the same layout (a ``summable`` compressor: none, fp16, random-k with a
-    shared seed)."""
+    """Sums the payloads over the workers (Horovod allreduce), so the receiver decompresses once.
+    A bucket's payloads travel joined, one allreduce per dtype, with the non-finite flag as one
+    more element. Bytes per worker do not grow with the number of workers, but it is only valid
+    when every worker's payload has the same layout (a ``summable`` compressor: none, fp16,
+    random-k with a shared seed)."""
 
     name = "allreduce"
 
@@ -19,11 +21,15 @@ class Allreduce(Communicator):
                 f"wrong. Use communicator='allgather' (or 'broadcast')."
             )
 
-    def start(self, payload, name, group, ops):
-        return [group.allreduce_async(t, f"{name}.{i}") for i, t in enumerate(payload)]
+    def start(self, payloads, varies, flag, tag, group, ops):
+        parts = [((i, j), t) for i, payload in enumerate(payloads) for j, t in enumerate(payload)]
+        buffers, layout = pack_sums(parts, flag, ops)
+        handles = [group.allreduce_async(b, f"{tag}.sum{k}") for k, b in enumerate(buffers)]
+        control = ops.itemsize(layout.flag_dtype) if flag is not None else 0  # 2 bytes in float16
+        return Started((handles, layout, [len(p) for p in payloads]), flag is not None,
+                       sum(ops.nbytes(t) for _, t in parts), control)
 
-    def finish(self, handle, group, ops):
-        return [[group.synchronize(h) for h in handle]]
-
-    def bytes_sent(self, payload, group, ops):
-        return sum(ops.nbytes(t) for t in payload)
+    def finish(self, started, group, ops):
+        handles, layout, counts = started.handle
+        parts, flag = unpack_sums([group.synchronize(h) for h in handles], layout, ops)
+        return [[[parts[(i, j)] for j in range(n)]] for i, n in enumerate(counts)], flag
