@@ -7,7 +7,9 @@ diverge when error feedback's delayed residuals pass through the optimizer's mom
 and train when the velocity is what they compress (as 1-bit Adam does, Tang et al., ICML 2021).
 Left in the optimizer as well, the momentum would apply twice. A framework wrapper therefore reads
 the wrapped optimizer's momentum (``OptimizerMomentum``), hands it to the pipeline
-(``Pipeline.take_momentum``), and sets the optimizer's own to 0; the user's script is unchanged. The
+(``Pipeline.take_momentum``), and has the optimizer step without it (PyTorch: its momentum set
+aside for each step, its settings left as the user set them; Keras and TF1: set to 0); the user's
+script is unchanged. The
 tensors that travel dense (below ``min_numel``, or during warm-up) then get the same momentum from
 the pipeline, applied before the exchange (a sum of velocities is the velocity of the sum).
 """
@@ -61,7 +63,7 @@ class OwnsMomentum:
         """What the wrapper logs once when it hands ``found`` over."""
         look = ", Nesterov" if found.nesterov else ""
         return (f"grace: {compressor} applies {found.source} ({found.momentum}{look}) itself, before "
-                f"compression, and the optimizer's is set to 0, so that it applies once")
+                f"compression, and the optimizer steps without it, so that it applies once")
 
     def take_momentum(self, found: OptimizerMomentum) -> None:
         if self.momentum_given is not None:

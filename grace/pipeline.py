@@ -172,6 +172,7 @@ class Pipeline:
         self._exchanges: dict = {}  # per tensor: how many exchanges the warm-up has counted
         self._dense_compressor = NoneCompressor()
         self._dense_memory = NoneMemory()
+        self._taken: tuple | None = None  # the optimizer's momentum, once taken over
         self._dense_communicator = Allreduce()
         self.reset_stats()
 
@@ -195,7 +196,8 @@ class Pipeline:
     # --- momentum taken over from the optimizer -------------------------------------------------
     def take_momentum(self, found: OptimizerMomentum, adam: bool = False) -> str | None:
         """Hand the wrapped optimizer's momentum (``found``) to the part of this pipeline that
-        applies momentum itself, if there is one; the caller then sets the optimizer's to 0. The
+        applies momentum itself, if there is one; the caller then has the optimizer step without
+        it. The
         tensors that travel dense get ``found`` from here on, applied before the exchange, so that
         every tensor keeps the momentum the optimizer gave it. Returns the sentence to log once, or
         ``None`` when nothing was taken (``adam``: ``found`` is Adam's ``beta_1``, taken only by the
@@ -203,13 +205,31 @@ class Pipeline:
         part = owner(self)
         if part is None or found.momentum == 0.0 or (adam and not part.takes_adam_beta1):
             return None
-        part.take_momentum(found)
-        dense = MomentumMemory(found.momentum, found.nesterov, found.dampening)
-        if isinstance(part, MomentumMemory) and part.momentum_params() == dense.momentum_params():
-            # One velocity per tensor: a warm-up's dense steps build what compression continues.
-            dense.velocities = part.velocities
-        self._dense_memory = dense
+        self._apply_momentum(part, found)
         return part.takeover_line(found, self.compressor.name)
+
+    def retake_momentum(self, found: OptimizerMomentum) -> None:
+        """The momentum taken over, as the optimizer's settings now say it (they may have been
+        replaced since: ``hvd.broadcast_optimizer_state`` gives every worker rank 0's, a resumed
+        ``load_state_dict`` the saved ones). Nothing changes when they are as taken, or when none
+        was taken. The velocities are kept."""
+        if self._taken is None or self._taken == (found.momentum, found.nesterov, found.dampening):
+            return
+        self._apply_momentum(owner(self), found)
+
+    def _apply_momentum(self, part: Any, found: OptimizerMomentum) -> None:
+        part.take_momentum(found)
+        if isinstance(self._dense_memory, MomentumMemory):  # retaken: the same velocities
+            dense = self._dense_memory
+            dense.momentum, dense.nesterov, dense.dampening = (found.momentum, found.nesterov,
+                                                               found.dampening)
+        else:
+            dense = MomentumMemory(found.momentum, found.nesterov, found.dampening)
+            if isinstance(part, MomentumMemory) and part.momentum_params() == dense.momentum_params():
+                # One velocity per tensor: a warm-up's dense steps build what compression continues.
+                dense.velocities = part.velocities
+        self._dense_memory = dense
+        self._taken = (found.momentum, found.nesterov, found.dampening)
 
     # --- what travels how ------------------------------------------------------------------------
     def plan(self, shape: tuple[int, ...], dtype: str, ops: Ops) -> str:

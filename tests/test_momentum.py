@@ -32,11 +32,26 @@ def test_dgc_takes_sgd_momentum_over_and_applies_it_once(run):
     out, log = run
     check(out, "dgc", reference.simulate(reference.with_velocity(reference.largest(0.05), M, mask=True),
                                          momentum=DENSE_MOMENTUM))
-    assert info(out, "dgc")["momentum"] == 0.0  # the optimizer's, set to 0
+    # The optimizer's settings read as the user set them, before and after its steps (it steps
+    # with its momentum set aside).
+    assert info(out, "dgc")["momentum"] == info(out, "dgc")["momentum_after"] == M
     assert "momentum=0.9" in info(out, "dgc")["config"]
     # One log line per wrapper built with momentum to take, from rank 0 only.
     lines = [line for line in log.splitlines() if "grace: dgc applies torch.optim.SGD's momentum" in line]
-    assert len(lines) == 3 and all(line.startswith("[0]") for line in lines)
+    assert len(lines) == 4 and all(line.startswith("[0]") for line in lines)
+
+
+def test_broadcast_optimizer_state_gives_every_worker_rank_0s_momentum(run):
+    """Workers built with different momenta (0.9 on rank 0, 0.5 on rank 1), then
+    hvd.broadcast_optimizer_state: the settings and the compression's momentum are rank 0's on
+    both, and the weights are those of momentum 0.9 applied once."""
+    out, _ = run
+    check(out, "dgc_broadcast", reference.simulate(
+        reference.with_velocity(reference.largest(0.05), M, mask=True), momentum=DENSE_MOMENTUM))
+    for rank in range(2):
+        assert info(out, "dgc_broadcast", rank)["momentum_after"] == M
+        assert "DGCMemory(momentum=0.9," in info(out, "dgc_broadcast", rank)["config_after"]
+    assert "DGCMemory(momentum=0.5," in info(out, "dgc_broadcast", 1)["config"]
 
 
 def test_dgc_with_nesterov(run):
@@ -56,7 +71,7 @@ def test_randomk_turns_momentum_off_for_its_delayed_updates_only(run):
     out, log = run
     check(out, "randomk", reference.simulate(reference.randomk_with_residual(0.05, 3),
                                              momentum=DENSE_MOMENTUM))
-    assert info(out, "randomk")["momentum"] == 0.0
+    assert info(out, "randomk")["momentum_after"] == M  # set aside for its steps only
     assert "grace: randomk turns torch.optim.SGD's momentum (0.9) off" in log
 
 
@@ -76,9 +91,9 @@ def test_warmup_sends_dense_with_the_momentum_then_compresses_from_the_same_velo
 
 def test_adam_beta1_is_taken_by_signum_and_dgc_only(run):
     out, _ = run
-    assert info(out, "signum_adam")["betas"] == [0.0, 0.999]
+    assert info(out, "signum_adam")["betas_after"] == [0.9, 0.999]  # set aside for its steps only
     assert "Signum(beta=0.9" in info(out, "signum_adam")["config"]
-    assert info(out, "dgc_adam")["betas"] == [0.0, 0.999]
+    assert info(out, "dgc_adam")["betas_after"] == [0.9, 0.999]
     assert "momentum=0.9, nesterov=False, dampening=0.9" in info(out, "dgc_adam")["config"]
     assert info(out, "onebit_adam")["betas"] == [0.9, 0.999]
     for name in ("signum_adam", "dgc_adam", "onebit_adam"):

@@ -51,6 +51,7 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._groups = groups
+        self._momentum_taken: str | None = None  # "sgd" or "adam" once taken over (after the check)
         self._buckets: list[tuple] = []
         self._bucket_of: dict = {}
         self._bucket_ready: list[int] = []
@@ -133,7 +134,15 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
             grad = grad / self.gradient_predivide_factor
         return grad
 
+    def _retake_momentum(self) -> None:
+        """The momentum taken over, as the optimizer's settings say now (rank 0's after
+        hvd.broadcast_optimizer_state, the saved ones after load_state_dict, a scheduler's)."""
+        if self._momentum_taken is not None:
+            self._pipeline.retake_momentum(_optimizer_momentum(self)[0])
+
     def _start_bucket(self, index: int) -> None:
+        if not self._started:  # the step's first bucket: the momentum as the settings say now
+            self._retake_momentum()
         bucket = self._buckets[index]
         self._started[index] = self._pipeline.start_bucket(
             [self._gradient(p) for p in bucket], [self._parameter_names[p] for p in bucket],
@@ -231,30 +240,76 @@ def _one_value(optimizer, key: str):
     return optimizer.param_groups[0][key]
 
 
-def _take_momentum(optimizer, compression: Pipeline, process_set) -> None:
-    """Hand ``torch.optim.SGD``'s momentum (or Adam's ``betas[0]``) to a compressor that applies the
-    momentum itself, and set the optimizer's to 0 (see ``grace.momentum``)."""
-    adam = isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW))
+def _optimizer_momentum(optimizer) -> tuple[OptimizerMomentum, bool] | None:
+    """The momentum ``torch.optim.SGD`` (or Adam's ``betas[0]``) would apply, as its settings say
+    now, and whether it is Adam's."""
     if isinstance(optimizer, torch.optim.SGD):
-        found = OptimizerMomentum(float(_one_value(optimizer, "momentum")),
-                                  bool(_one_value(optimizer, "nesterov")),
-                                  float(_one_value(optimizer, "dampening")), "torch.optim.SGD's momentum")
-    elif adam:
+        return OptimizerMomentum(float(_one_value(optimizer, "momentum")),
+                                 bool(_one_value(optimizer, "nesterov")),
+                                 float(_one_value(optimizer, "dampening")),
+                                 "torch.optim.SGD's momentum"), False
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         beta1 = float(_one_value(optimizer, "betas")[0])
-        found = OptimizerMomentum(beta1, dampening=beta1,
-                                  source=f"torch.optim.{type(optimizer).__name__}'s betas[0]")
-    else:
-        return
+        return OptimizerMomentum(beta1, dampening=beta1,
+                                 source=f"torch.optim.{type(optimizer).__name__}'s betas[0]"), True
+    return None
+
+
+def _take_momentum(optimizer, compression: Pipeline, process_set) -> str | None:
+    """Hand ``torch.optim.SGD``'s momentum (or Adam's ``betas[0]``) to a compressor that applies the
+    momentum itself (see ``grace.momentum``); the wrapper then steps the optimizer with its momentum
+    set aside. Returns which setting was taken ("sgd", "adam"), or ``None``."""
+    momentum = _optimizer_momentum(optimizer)
+    if momentum is None:
+        return None
+    found, adam = momentum
     line = compression.take_momentum(found, adam=adam)
     if line is None:
+        return None
+    if process_set.included() and process_set.rank() == 0:
+        logging.getLogger("grace").warning(line)
+    return "adam" if adam else "sgd"
+
+
+@contextmanager
+def _momentum_set_aside(optimizer, taken: str | None):
+    """The optimizer's momentum at 0 for its step (the compression applied it), and its settings as
+    they were afterwards: what a user, ``state_dict`` or ``hvd.broadcast_optimizer_state`` reads is
+    what the user set. SGD keeps a (zero, unused) momentum buffer per parameter as it would with
+    its momentum: hvd.broadcast_optimizer_state takes an optimizer without state for a fresh one
+    and then broadcasts no settings."""
+    if taken is None:
+        yield
         return
+    keys = ("betas",) if taken == "adam" else ("momentum", "nesterov", "dampening")
+    kept = [{key: group[key] for key in keys} for group in optimizer.param_groups]
     for group in optimizer.param_groups:
-        if adam:
+        if taken == "adam":
             group["betas"] = (0.0, group["betas"][1])
         else:
             group["momentum"], group["nesterov"], group["dampening"] = 0.0, False, 0.0
-    if process_set.included() and process_set.rank() == 0:
-        logging.getLogger("grace").warning(line)
+    try:
+        yield
+    finally:
+        for group, settings in zip(optimizer.param_groups, kept):
+            group.update(settings)
+    if taken == "sgd":
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and "momentum_buffer" not in optimizer.state[p]:
+                    optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)
+
+
+def _momentum_aside_class(optimizer_class: type) -> type:
+    """``optimizer_class`` whose ``step`` sets the momentum aside where the compression took it
+    over: between the wrapper and the user's class, so that every way to the optimizer's own step
+    passes there, hvd.broadcast_optimizer_state's state-initialising one included."""
+    def step(self, *args, **kwargs):
+        with _momentum_set_aside(self, getattr(self, "_momentum_taken", None)):
+            return super(aside, self).step(*args, **kwargs)
+
+    aside = type(optimizer_class.__name__, (optimizer_class,), {"step": step})
+    return aside
 
 
 def _parameter_names(param_groups, named_parameters) -> dict:
@@ -348,11 +403,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         if groups is None:
             groups = num_groups
     _check_groups(groups)
-    _take_momentum(optimizer, compression, process_set)
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+    cls = type(optimizer.__class__.__name__, (_momentum_aside_class(optimizer.__class__),),
                dict(_GraceDistributedOptimizer.__dict__))
     # hvd.broadcast_optimizer_state recognises Horovod's wrappers by their module and then steps
     # the wrapped optimizer without communicating; this wrapper must be recognised the same way.
     cls.__module__ = horovod_optimizer.DistributedOptimizer.__module__
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+                  op, gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    # After the agreement check (which the constructor makes): the workers' optimizers may differ
+    # in momentum until hvd.broadcast_optimizer_state gives them rank 0's, as in Horovod.
+    wrapped._momentum_taken = _take_momentum(wrapped, compression, process_set)
+    return wrapped

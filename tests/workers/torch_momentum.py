@@ -3,8 +3,8 @@ that apply it themselves, on common.py's linear model, 2 workers.
 
     horovodrun -np 2 python tests/workers/torch_momentum.py OUTDIR
 
-Each scenario saves each rank's final weights, the optimizer's settings after wrapping, and the
-error message where the wrapper must refuse."""
+Each scenario saves each rank's final weights, the optimizer's settings after wrapping and after
+training, and the error message where the wrapper must refuse."""
 
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ SCENARIOS = {
     "signum_adam": (lambda: grace.signum(), lambda p: torch.optim.Adam(p, 0.01)),
     "dgc_adam": (lambda: grace.dgc(0.05, sample_ratio=1.0), lambda p: torch.optim.Adam(p, 0.01)),
     "onebit_adam": (lambda: grace.onebit(), lambda p: torch.optim.Adam(p, 0.01)),
+    # Each worker its own momentum, then rank 0's for all by hvd.broadcast_optimizer_state.
+    "dgc_broadcast": (lambda: grace.dgc(0.05, sample_ratio=1.0),
+                      lambda p: torch.optim.SGD(p, LR, MOMENTUM if rank == 0 else 0.5)),
     "conflict": (lambda: grace.dgc(0.05, momentum=0.5), lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
     "groups_differ": (lambda: grace.dgc(0.05),
                       lambda p: torch.optim.SGD([{"params": [p[0]], "momentum": 0.9},
@@ -60,7 +63,11 @@ for name, (make_compression, make_optimizer) in SCENARIOS.items():
         group = optimizer.param_groups[0]
         info.update(momentum=group.get("momentum"), betas=group.get("betas"),
                     config=repr(optimizer._pipeline))
+        if name == "dgc_broadcast":
+            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         train_linear(model, optimizer, rank, 10)
+        info.update(momentum_after=group.get("momentum"), betas_after=group.get("betas"),
+                    config_after=repr(optimizer._pipeline))
     np.savez(os.path.join(outdir, f"{name}.rank{rank}.npz"), w=model.weight.detach().numpy(),
              b=model.bias.detach().numpy())
     with open(os.path.join(outdir, f"{name}.rank{rank}.json"), "w") as f:
