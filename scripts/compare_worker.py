@@ -42,6 +42,8 @@ def parse_args(argv=None):
                         help="sgd: the workload's SGD (with its momentum); adam: Adam, lr 1e-3")
     parser.add_argument("--lr", type=float, default=None,
                         help="learning rate (default: the workload's for sgd, 1e-3 for adam)")
+    parser.add_argument("--clip", type=float, default=None,
+                        help="the LSTM's gradient clipping norm (default: the workload's; 0: none)")
     parser.add_argument("--wire", action="store_true", help="read eth0's byte counters (emulated host)")
     return parser.parse_args(argv)
 
@@ -196,7 +198,8 @@ def run_torch(args, spec):
             loss = loss_of(*batch())
             loss.backward()
             if args.workload == "lstm":
-                torch.nn.utils.clip_grad_norm_(model.parameters(), workloads.LSTM["clip"])
+                if clip_norm(args):
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm(args))
         base.step()
 
     compute_s = median_time(local_step, CALIBRATION_STEPS)
@@ -225,7 +228,8 @@ def run_torch(args, spec):
         loss.backward()
         if args.workload == "lstm":
             optimizer.synchronize()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), workloads.LSTM["clip"])
+            if clip_norm(args):
+                torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm(args))
             with optimizer.skip_synchronize():
                 optimizer.step()
         else:
@@ -243,6 +247,11 @@ def torch_optimizer(args, params, lr: float, momentum: float):
     if args.optimizer == "adam":
         return torch.optim.Adam(params, lr=lr)
     return torch.optim.SGD(params, lr=lr, momentum=momentum)
+
+
+def clip_norm(args) -> float:
+    """The LSTM's gradient clipping norm: ``--clip``, else the workload's (0: no clipping)."""
+    return workloads.LSTM["clip"] if args.clip is None else args.clip
 
 
 def keras_optimizer(args, lr: float, momentum: float, clip: float | None = None):
@@ -305,7 +314,7 @@ def run_tf(args, spec):
                                   keras.layers.Embedding(vocab, cfg["embed"]),
                                   keras.layers.LSTM(cfg["hidden"], return_sequences=True),
                                   keras.layers.Dense(vocab)])
-        base = keras_optimizer(args, learning_rate(args, cfg), 0.0, workloads.LSTM["clip"])
+        base = keras_optimizer(args, learning_rate(args, cfg), 0.0, clip_norm(args) or None)
         xent = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
         def batch():

@@ -47,7 +47,8 @@ def _warn_learning_rate(name: str) -> None:
         f"learning rates (0.01-0.1) diverge; use an Adam-sized one: about {LEARNING_RATE:g} with Adam"
         + (" or SGD (grace takes SGD's momentum over)" if name == "signum" else
            f", {learning_rate(0.9):g} with SGD's momentum 0.9 (it applies to the votes)")
-        + " (see docs/catalogue.md)", UserWarning, stacklevel=_outside_grace())
+        + "; and no gradient clipping after synchronize(), which would shrink the votes by the "
+          "square root of their count (see docs/catalogue.md)", UserWarning, stacklevel=_outside_grace())
 
 
 def _outside_grace() -> int:
