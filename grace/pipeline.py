@@ -52,7 +52,6 @@ class Sent:
 
     groups: list[tuple[Communicator, list[int], Started]] = field(default_factory=list)
     flag: Any = None  # the flag's own allreduce, when no communicator could carry it
-    count: int = 0
 
 
 @dataclass
@@ -197,11 +196,10 @@ class Pipeline:
     def take_momentum(self, found: OptimizerMomentum, adam: bool = False) -> str | None:
         """Hand the wrapped optimizer's momentum (``found``) to the part of this pipeline that
         applies momentum itself, if there is one; the caller then has the optimizer step without
-        it. The
-        tensors that travel dense get ``found`` from here on, applied before the exchange, so that
-        every tensor keeps the momentum the optimizer gave it. Returns the sentence to log once, or
-        ``None`` when nothing was taken (``adam``: ``found`` is Adam's ``beta_1``, taken only by the
-        algorithms that ask for it). See ``grace.momentum``."""
+        it. The tensors that travel dense get ``found`` from here on, applied before the exchange,
+        so that every tensor keeps the momentum the optimizer gave it. Returns the sentence to log
+        once, or ``None`` when nothing was taken (``adam``: ``found`` is Adam's ``beta_1``, taken
+        only by the algorithms that ask for it). See ``grace.momentum``."""
         part = owner(self)
         if part is None or found.momentum == 0.0 or (adam and not part.takes_adam_beta1):
             return None
@@ -454,7 +452,7 @@ class Pipeline:
         by_kind: dict[type, tuple[Communicator, list[int]]] = {}
         for i, entry in enumerate(entries):
             by_kind.setdefault(type(entry.communicator), (entry.communicator, []))[1].append(i)
-        sent = Sent(count=len(entries))
+        sent = Sent()
         for communicator, members in by_kind.values():
             started = communicator.start([entries[i].payload for i in members],
                                          [not entries[i].compressor.fixed_size for i in members],
@@ -474,7 +472,7 @@ class Pipeline:
     def _receive(sent: Sent, group: Collectives, ops: Ops) -> tuple[list[list], Tensor | None]:
         """Wait for one round: per entry its payloads (one summed, or one per worker), and the
         flag summed over workers."""
-        payloads: list[list] = [[] for _ in range(sent.count)]
+        payloads: list[list] = [[] for _ in range(sum(len(m) for _, m, _ in sent.groups))]
         flag = None
         for communicator, members, started in sent.groups:
             received, carried = communicator.finish(started, group, ops)

@@ -66,12 +66,6 @@ def compressor_of(compression: str) -> str:
     return compression if compression in compare.BASELINES else json.loads(compression)["compressor"]
 
 
-def label_of(compression: str) -> str:
-    """The row's name: the algorithm's, with any parameter given, e.g. ``topk(granularity=bucket)``
-    beside ``topk`` at its defaults."""
-    return compare.label(compression)
-
-
 def run_matrix(args) -> list[dict]:
     names = compare.split(args.compressors)
     compressions = [compare.parse_compression(c) for c in names]
@@ -82,7 +76,7 @@ def run_matrix(args) -> list[dict]:
     with tqdm(matrix, desc="quality runs", unit="run") as bar:
         for workload, optimizer, fw, comp in bar:
             name = compressor_of(comp)
-            bar.set_postfix_str(f"{workload}-{optimizer} {fw} {label_of(comp)}")
+            bar.set_postfix_str(f"{workload}-{optimizer} {fw} {compare.label(comp)}")
             epochs, steps = BUDGET[workload]
             run_args = argparse.Namespace(epochs=epochs, steps=steps, exchange_steps=steps,
                                           timeout=args.timeout)
@@ -99,7 +93,7 @@ def run_matrix(args) -> list[dict]:
             results.append(row)
             final = row["epochs"][-1] if row["status"] == "ok" else None
             metric = compare.METRIC[workload][0]
-            bar.write(f"{workload}-{optimizer:4s} {fw:5s} {label_of(comp):10s} "
+            bar.write(f"{workload}-{optimizer:4s} {fw:5s} {compare.label(comp):10s} "
                       + (f"{metric} {final[metric]:.4f}" if final else row["status"]))
             with open(os.path.join(args.out, "quality.json"), "w") as f:
                 json.dump(results, f, indent=1)  # kept as it goes: a long matrix survives a stop
@@ -131,7 +125,7 @@ def summarize(results: list[dict]) -> list[dict]:
         name = compressor_of(r["compression"])
         final, ref = _final(r), baseline.get(case)
         row = {"workload": r["workload"], "optimizer": case[1], "framework": r["framework"],
-               "compressor": label_of(r["compression"]), "lr": r.get("lr"),
+               "compressor": compare.label(r["compression"]), "lr": r.get("lr"),
                "status": r.get("status"), "final": final}
         if final is not None and ref is not None:
             if r["workload"] == "mnist":

@@ -125,3 +125,21 @@ def test_powersgd_scales_the_summed_q_not_the_product(backend):
     third = ops.to_numpy(compressor.combine([[q]], ctx, ops, 1.0 / 3.0))
     scaled = ops.to_numpy(compressor.decompress([q], ctx, ops)) / 3.0
     np.testing.assert_allclose(third, scaled, rtol=1e-5, atol=1e-7 * np.abs(scaled).max())
+
+
+def test_the_protocols_own_zero_at_is_the_adapters():
+    """``Ops.zero_at``'s composite code (what a new adapter gets before it writes its one-pass
+    fill) zeroes the same entries as the adapters' fills, repeated indices included, and leaves
+    ``x`` as it was."""
+    from grace.ops import Ops
+
+    x = np.linspace(-1.0, 1.0, 1000).astype(np.float32)
+    indices = np.array([3, 999, 0, 3, 500], np.int32)
+    expected = x.copy()
+    expected[[3, 999, 0, 500]] = 0.0
+    for ops, tensor, idx in ((NumpyOps(), x.copy(), indices),
+                             (TorchOps(), torch.from_numpy(x.copy()), torch.from_numpy(indices))):
+        composite = ops.to_numpy(Ops.zero_at(ops, tensor, idx))
+        np.testing.assert_array_equal(composite, expected)
+        np.testing.assert_array_equal(ops.to_numpy(ops.zero_at(tensor, idx)), expected)
+        np.testing.assert_array_equal(ops.to_numpy(tensor), x)
