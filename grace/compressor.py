@@ -97,6 +97,13 @@ class Compressor(ABC):
       the workers then agree each step whether all send it encoded or all dense (``not_smaller``).
     - ``rounds``: 2 for a compressor whose payload takes two trips (PowerSGD: P, then Q); it then
       implements ``second_round`` and may implement ``after_aggregate``.
+    - ``encodes_rows``: it can encode the rows of a sparse gradient (``grace.sparse``), whose
+      number differs between workers and steps: decoding needs only the payload and the size, and
+      no state has the tensor's shape. False for PowerSGD (a matrix every worker shares), random-k
+      (indices drawn alike on every worker) and signum (a momentum per tensor): their sparse
+      gradients travel as rows as they are.
+    - ``elementwise``: it encodes each element on its own (a cast), so it works on tensors whose
+      size is only known when a traced graph runs.
     """
 
     name: ClassVar[str] = "abstract"
@@ -107,6 +114,8 @@ class Compressor(ABC):
     default_warmup_steps: ClassVar[int] = 0
     agrees_on_form: ClassVar[bool] = False
     rounds: ClassVar[int] = 1
+    encodes_rows: ClassVar[bool] = True
+    elementwise: ClassVar[bool] = False
 
     def compress(self, tensor: Tensor, name: str, ops: Ops | None = None,
                  rank: int = 0) -> tuple[Payload, Context]:
@@ -213,6 +222,11 @@ class Sparse:
     def positions(self, payload, ctx):
         """The indices of the entries whose values ``payload[0]`` holds."""
         return payload[1]
+
+    def with_positions(self, payload, positions):
+        """``payload`` with its values at ``positions`` instead (the same values, another tensor's
+        layout: a sparse gradient's rows sends only the rows that hold a value)."""
+        return [payload[0], positions, *payload[2:]]
 
     def decode(self, payload, ctx, ops):
         return ops.scatter_add(ctx.numel, self.positions(payload, ctx), payload[0])

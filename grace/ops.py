@@ -142,6 +142,22 @@ class Ops(ABC):
         """A 1-d tensor of ``n`` zeros (``values``' dtype and device) with ``values`` added at
         ``indices``; repeated indices add up."""
 
+    @abstractmethod
+    def unique(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The distinct values of the 1-d integer ``x`` in ascending order, and for each element of
+        ``x`` the position of its value among them (int64)."""
+
+    @abstractmethod
+    def divmod(self, x: Tensor, divisor: int) -> tuple[Tensor, Tensor]:
+        """The quotient and remainder of the non-negative integer ``x`` by ``divisor``, in
+        ``x``'s dtype (a flat index as row and column)."""
+
+    @abstractmethod
+    def add_rows(self, count: Any, positions: Tensor, rows: Tensor) -> Tensor:
+        """A 2-d tensor of ``count`` rows of zeros (``rows``' width, dtype and device) with each row
+        of the 2-d ``rows`` added at its position (``positions``: one int64 per row); repeated
+        positions add up. ``count`` may be a scalar tensor in a traced graph."""
+
     def zero_at(self, x: Tensor, indices: Tensor, overwrite: bool = False) -> Tensor:
         """1-d ``x`` with zeros at ``indices`` (repeated indices allowed), as a new tensor; with
         ``overwrite``, ``x`` is not used afterwards and an adapter may zero it where it is (no copy
@@ -158,6 +174,17 @@ class Ops(ABC):
     @abstractmethod
     def to_numpy(self, x: Tensor) -> Any:
         """A host copy of ``x`` as a numpy array (bfloat16 comes back as float32)."""
+
+    def on_host(self, fn: Callable, inputs: Sequence[Tensor], dtypes: Sequence[str],
+                shapes: Sequence[Sequence[int | None]]) -> list[Tensor]:
+        """``fn`` over the inputs as numpy arrays, returning numpy arrays of ``dtypes`` (of
+        ``shapes``, ``None`` where a size varies), run now, or when a traced graph runs (in order
+        with the graph's other effects: ``fn`` may keep state). The way to run numpy code where a
+        graph's sizes are only known when it runs."""
+        import numpy as np
+
+        outputs = fn(*[self.to_numpy(x) for x in inputs])
+        return [self.from_numpy(np.asarray(o), like=inputs[0]) for o in outputs]
 
     # --- more arithmetic, reductions and selection ----------------------------------------------
     def size(self, x: Tensor) -> Any:
@@ -467,6 +494,14 @@ class Ops(ABC):
         if self._pending is not None and (id(store), key) in self._pending:
             return self._pending[(id(store), key)][2]
         return self._load(store, key, like, initial)
+
+    def load_rows(self, index_store: dict, value_store: dict, key: str, like_indices: Tensor,
+                  like: Tensor) -> tuple[Tensor, Tensor] | None:
+        """Rows kept as state (``save`` of indices into ``index_store`` and their 2-d values into
+        ``value_store``), whose number changes from step to step; ``None`` before the first save
+        here, no rows in adapters whose state must exist from the first traced call."""
+        indices = self.load(index_store, key, like=like_indices)
+        return None if indices is None else (indices, self.load(value_store, key, like=like))
 
     def save(self, store: dict, key: str, value: Tensor) -> None:
         if self._pending is not None:

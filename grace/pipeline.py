@@ -9,6 +9,7 @@ from typing import Any, Callable, Sequence
 from grace.bucketing import DEFAULT_BUCKET_BYTES, form_buckets
 from grace.collectives import Collectives
 from grace.communicator import Communicator, Started
+from grace.communicators.allgather import Allgather
 from grace.communicators.allreduce import Allreduce
 from grace.compressor import Compressor, Context, numel_of
 from grace.compressors.none import NoneCompressor
@@ -17,6 +18,7 @@ from grace.memories.none import NoneMemory
 from grace.memory import Memory
 from grace.momentum import OptimizerMomentum, owner
 from grace.ops import FLOAT_DTYPES, Ops, Tensor, ops_for
+from grace.sparse import RowResidual, Rows, RowsCodec, RowVelocity, payload_bytes_horovod
 
 GRANULARITIES = ("layer", "bucket")
 
@@ -70,6 +72,11 @@ class Exchange:
         out: list = [None] * self.count
         ops = self.ops
         for entry in self.entries:
+            if isinstance(entry.compressor, RowsCodec):  # a sparse gradient: its rows
+                table = entry.shapes[0]
+                out[entry.positions[0]] = Rows(entry.ctx.data["indices"],
+                                               ops.reshape(entry.result, [-1, *table[1:]]), table)
+                continue
             if len(entry.positions) == 1:
                 out[entry.positions[0]] = ops.reshape(entry.result, entry.shapes[0])
                 continue
@@ -148,6 +155,10 @@ class Pipeline:
     ``stats()`` reports, cumulatively for this worker, the payload bytes put into collectives
     (``bytes_sent``) against the bytes of the dense tensors (``bytes_dense``).
 
+    Sparse gradients (an embedding's: rows of a table) travel as rows (``start_sparse``,
+    ``grace.sparse``): repeats added up, error feedback kept as rows, the rows encoded by the
+    compressor, gathered from every worker, and combined per row.
+
     This object is what a Horovod script passes as ``compression=``; the framework wrappers drive
     ``start_bucket`` from their hooks and ``finish_step`` before the optimizer steps.
     """
@@ -173,6 +184,9 @@ class Pipeline:
         self._dense_memory = NoneMemory()
         self._taken: tuple | None = None  # the optimizer's momentum, once taken over
         self._dense_communicator = Allreduce()
+        self._row_residual = RowResidual()  # sparse gradients' error feedback, as rows
+        self._row_velocity = RowVelocity()  # their momentum, when taken over
+        self._row_communicator = Allgather()
         self.reset_stats()
 
     def __repr__(self) -> str:
@@ -227,6 +241,8 @@ class Pipeline:
                 # One velocity per tensor: a warm-up's dense steps build what compression continues.
                 dense.velocities = part.velocities
         self._dense_memory = dense
+        rows = self._row_velocity
+        rows.momentum, rows.nesterov, rows.dampening = found.momentum, found.nesterov, found.dampening
         self._taken = (found.momentum, found.nesterov, found.dampening)
 
     # --- what travels how ------------------------------------------------------------------------
@@ -269,6 +285,40 @@ class Pipeline:
         exchange = self.start_bucket([tensor], [name], group, ops)
         exchange.single = True
         return exchange
+
+    def start_sparse(self, rows: Rows, name: str, group: Collectives, ops: Ops | None = None
+                     ) -> Exchange:
+        """Start the exchange of a sparse gradient (``grace.sparse``): its distinct rows, with
+        error feedback, encoded by the compressor where it would compress the table (``plan``) and
+        can encode rows (``Compressor.encodes_rows``), else as they are, gathered from every worker
+        in one collective with the non-finite flag. ``finish`` returns the rows combined over the
+        workers, one per distinct index, as ``Rows``."""
+        ops = ops or ops_for(rows.values)
+        table = tuple(int(d) for d in rows.dense_shape)
+        width = numel_of(table[1:])
+        values = ops.reshape(rows.values, [-1, width])
+        entry = Entry(name, [0], [table], values)
+        encoded = (self.compressor.encodes_rows
+                   and self.plan(table, ops.dtype(values), ops) == "compressed")
+        if self.check_finite:
+            entry.transaction, entry.flagged = {}, True
+        with ops.within(entry.transaction):
+            if encoded and self.warmup_steps:
+                exchange = ops.counter(self._exchanges, name)
+                # In a traced graph the count is a tensor: no warm-up for rows there.
+                encoded = not isinstance(exchange, int) or exchange >= self.warmup_steps
+            residual = None if isinstance(self.memory, NoneMemory) else self._row_residual
+            velocity = self._row_velocity if self._taken is not None else None
+            entry.compressor = RowsCodec(self.compressor, encoded, table, residual, velocity,
+                                         transactional=self.check_finite)
+            entry.memory, entry.communicator = NoneMemory(), self._row_communicator
+            entry.payload, entry.ctx = entry.compressor.encode_rows(rows.indices, values, name, ops,
+                                                                    group.rank)
+        ops.counter(self._counters, "bytes_dense", payload_bytes_horovod(rows, ops))
+        ops.counter(self._counters, "tensors", 1)
+        tag = f"grace.{name}"
+        sent = self._send_round([entry], tag, group, ops, self._flag_of([entry], ops))
+        return Exchange(tag, [entry], 1, ops, [entry], sent, single=True)
 
     def start_bucket(self, tensors: Sequence[Tensor], names: Sequence[str], group: Collectives,
                      ops: Ops | None = None) -> Exchange:
@@ -572,6 +622,8 @@ class Pipeline:
             if entry.deferred is None:
                 if entry.transaction is not None:
                     ops.commit(entry.transaction, discard)
+                if isinstance(entry.compressor, RowsCodec):
+                    entry.compressor.settle(discard, ops)
                 entry.result = ops.nan_if(dropped, entry.result)
 
     def reduce(self, tensor: Tensor, name: str, group: Collectives, scale: float = 1.0) -> Tensor:
@@ -588,6 +640,7 @@ class Pipeline:
                 "memory": _copy_stores(self.memory.state()),
                 "dense_memory": _copy_stores(self._dense_memory.state()),
                 "pipeline": _copy_stores({"exchanges": self._exchanges}),
+                "rows": _copy_stores(self._row_stores()),
                 "stats": _copy_stores({"counters": self._counters})["counters"]}
 
     def load_state_dict(self, state: dict[str, Any], ops: Ops | None = None) -> None:
@@ -597,13 +650,20 @@ class Pipeline:
             raise ValueError(f"this compression state was saved by {state.get('config')}, not by "
                              f"{self!r}: build the same pipeline before loading it")
         parts = (("compressor", self.compressor.state()), ("memory", self.memory.state()),
-                 ("dense_memory", self._dense_memory.state()), ("pipeline", {"exchanges": self._exchanges}))
+                 ("dense_memory", self._dense_memory.state()), ("pipeline", {"exchanges": self._exchanges}),
+                 ("rows", self._row_stores()))
         for part, stores in parts:
-            for attr, entries in state[part].items():
+            for attr, entries in state.get(part, {}).items():
                 for name, value in entries.items():
                     _restore(stores[attr], name, value, ops)
         for key, value in state["stats"].items():
             _restore(self._counters, key, value, ops)
+
+    def _row_stores(self) -> dict[str, dict]:
+        """The sparse gradients' state: residual rows and, when the momentum was taken over,
+        velocity rows."""
+        return {k: v for part in (self._row_residual, self._row_velocity)
+                for k, v in vars(part).items() if isinstance(v, dict)}
 
     # --- accounting ----------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:
@@ -615,6 +675,11 @@ class Pipeline:
         sent, dense = counts["bytes_sent"], counts["bytes_dense"]
         counts["compression_ratio"] = dense / sent if sent else float("nan")
         return counts
+
+    def count_control(self, nbytes: int, ops: Ops) -> None:
+        """Count a wrapper's own control message (its bytes put into a collective that carries no
+        gradient: the PyTorch wrapper's one agreement on which gradients are sparse)."""
+        ops.counter(self._counters, "bytes_control", nbytes)
 
     def reset_stats(self) -> None:
         counters = getattr(self, "_counters", {})

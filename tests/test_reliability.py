@@ -196,8 +196,12 @@ def edges_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.parametrize("sparse", [False, True], ids=["sparse_as_dense", "sparse"])
 @pytest.mark.parametrize("name", ["topk", "qsgd", "powersgd", "signum", "none"])
-def test_awkward_parameters_train_alike_on_every_worker(edges_run, name):
+def test_awkward_parameters_train_alike_on_every_worker(edges_run, name, sparse):
+    """Each kind of parameter, the embedding's sparse gradient sent dense (``sparse_as_dense``)
+    or as rows (grace.sparse)."""
+    name = f"{name}.sparse" if sparse else name
     a, b = (np.load(edges_run / f"{name}.rank{rank}.npz") for rank in range(2))
     assert list(a["dtypes"]) == ["torch.float32"] * 4 + ["torch.float16", "torch.bfloat16",
                                                            "torch.float64", "torch.float32"] + \
@@ -211,19 +215,12 @@ def test_awkward_parameters_train_alike_on_every_worker(edges_run, name):
     start = np.load(edges_run / f"{name}.start.rank0.npz")
     for key in ("single", "transposed", "fp16_weight", "bf16_weight", "fp64_weight", "embedding.weight"):
         assert not np.array_equal(a[key], start[key]), f"{key} was not trained"
-    if name == "signum":
+    if name.startswith("signum"):
         # The two workers' gradients for the scalar have opposite signs at every step here, so the
         # majority vote is a tie (0) and it stays put.
         assert a["scalar"] == start["scalar"]
     else:
         assert a["scalar"] != start["scalar"]  # the 0-d parameter was trained
-
-
-def test_sparse_gradient_without_sparse_as_dense_is_refused_clearly(edges_run):
-    for rank in range(2):
-        message = (edges_run / f"sparse.rank{rank}.txt").read_text()
-        assert message == ("the gradient of 'embedding.weight' is sparse; grace compresses dense "
-                           "tensors: pass sparse_as_dense=True to DistributedOptimizer")
 
 
 TF_NONFINITE_WORKER = os.path.join(ROOT, "tests", "workers", "tf_nonfinite.py")

@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from grace import native
 from grace.ops import Ops, draw_indices, draw_uniform, host_row_sums, index_dtype
+from grace.sparse import RowStore
 
 SAMPLED_TOPK_MIN = 1 << 18  # as in frameworks/torch/ops.py
 
@@ -182,6 +183,28 @@ class TensorFlowOps(Ops):
         if n >= NATIVE_MIN and values.dtype == tf.float32 and native.available():
             return _host(lambda i, v: native.scatter_add(n, i, v), [indices, values], tf.float32, [n])
         return tf.math.unsorted_segment_sum(values, indices, n)
+
+    def on_host(self, fn, inputs, dtypes, shapes):
+        outputs = tf.numpy_function(fn, list(inputs), [tf.as_dtype(d) for d in dtypes], stateful=True)
+        outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+        for out, shape in zip(outputs, shapes):
+            out.set_shape(shape)
+        return outputs
+
+    def unique(self, x):
+        # tf.unique keeps the order of first appearance: sort the distinct values, and map each
+        # element's position through the sorting permutation's inverse.
+        values, first = tf.unique(x, out_idx=tf.int64)
+        order = tf.argsort(values)
+        rank = tf.math.invert_permutation(order)
+        return tf.gather(values, order), tf.gather(tf.cast(rank, tf.int64), first)
+
+    def divmod(self, x, divisor):
+        divisor = tf.constant(divisor, x.dtype)
+        return tf.math.floordiv(x, divisor), tf.math.floormod(x, divisor)
+
+    def add_rows(self, count, positions, rows):
+        return tf.math.unsorted_segment_sum(rows, positions, tf.cast(count, tf.int64))
 
     def zero_at(self, x, indices, overwrite=False):
         return tf.tensor_scatter_nd_update(x, tf.reshape(indices, [-1, 1]),
@@ -414,8 +437,20 @@ class TensorFlowOps(Ops):
 
     def _variable(self, store, key, like):
         if key not in store:
-            store[key] = tf.Variable(tf.zeros_like(like), trainable=False, name=_variable_name(key))
+            if isinstance(store, RowStore):  # rows whose number changes: a variable first dimension
+                store[key] = tf.Variable(like, trainable=False, name=_variable_name(key),
+                                         shape=tf.TensorShape([None, *like.shape[1:]]))
+            else:
+                store[key] = tf.Variable(tf.zeros_like(like), trainable=False,
+                                         name=_variable_name(key))
         return store[key]
+
+    def load_rows(self, index_store, value_store, key, like_indices, like):
+        # State must exist from the first traced call: no rows at first.
+        if key not in index_store:
+            self._variable(index_store, key, tf.zeros([0], like_indices.dtype))
+            self._variable(value_store, key, tf.zeros([0, *like.shape[1:]], like.dtype))
+        return self.load(index_store, key, like_indices), self.load(value_store, key, like)
 
     def _save(self, store, key, value):
         self._variable(store, key, value).assign(value)
@@ -439,7 +474,11 @@ class TensorFlowOps(Ops):
         drop = self.dropped(discard)
         for store, key, value in transaction.values():
             variable = self._variable(store, key, value)
-            variable.assign(tf.where(drop, variable.read_value(), tf.cast(value, variable.dtype)))
+            value = tf.cast(value, variable.dtype)
+            if isinstance(store, RowStore):  # old and new may differ in rows
+                variable.assign(tf.cond(drop, variable.read_value, lambda v=value: v))
+            else:
+                variable.assign(tf.where(drop, variable.read_value(), value))
         return drop
 
     def nan_if(self, dropped, x):

@@ -12,6 +12,7 @@ from frameworks.tensorflow.collectives import HorovodCollectives
 from frameworks.tensorflow.ops import TensorFlowOps
 from grace import agreement
 from grace.pipeline import Pipeline
+from grace.sparse import Rows
 
 _OPS = TensorFlowOps()
 
@@ -44,6 +45,20 @@ def _check_agreement(pipeline, collectives, **options) -> None:
     agreement.check(gather_objects(hvd, mine, collectives.process_set, "grace.agreement"))
 
 
+def _rows(grad: tf.IndexedSlices, variable) -> Rows:
+    """A ``tf.IndexedSlices`` gradient as rows of its table, whose shape must be known when the
+    graph is traced (the variable's, else the gradient's static ``dense_shape``)."""
+    shape = None if variable is None else tf.TensorShape(variable.shape)  # Keras 3's: a tuple
+    if shape is None or not shape.is_fully_defined():
+        static = None if grad.dense_shape is None else tf.get_static_value(grad.dense_shape)
+        if static is None:
+            raise ValueError("a sparse gradient (tf.IndexedSlices) travels as rows of its table, "
+                             "whose shape must be known: pass the variables with the gradients, "
+                             "or sparse_as_dense=True")
+        shape = static
+    return Rows(grad.indices, grad.values, tuple(int(d) for d in shape))
+
+
 def make_reduce_grads(pipeline: Pipeline, op=hvd.Average, gradient_predivide_factor: float = 1.0,
                       sparse_as_dense: bool = False, process_set=None) -> Callable:
     """``reduce(grads, vars=None, use_generic_names=False) -> grads``: Horovod's signature for the
@@ -59,30 +74,33 @@ def make_reduce_grads(pipeline: Pipeline, op=hvd.Average, gradient_predivide_fac
         names = [variable_name(v, i) for i, v in enumerate(variables)]
         if len(set(names)) != len(names):
             names = [f"{n}.{i}" for i, n in enumerate(names)]
-        present = []
+        present, sparse = [], []
         for position, (grad, name) in enumerate(zip(grads, names)):
             if grad is None:
                 continue
-            if isinstance(grad, tf.IndexedSlices):
-                if not sparse_as_dense:
-                    raise ValueError(
-                        f"the gradient of {name!r} is sparse (tf.IndexedSlices); grace compresses "
-                        f"dense tensors: pass sparse_as_dense=True")
+            if isinstance(grad, tf.IndexedSlices) and sparse_as_dense:
                 grad = tf.convert_to_tensor(grad)
             if op == hvd.Average and gradient_predivide_factor != 1.0:
-                grad = grad / gradient_predivide_factor
-            present.append((position, grad, name))
+                grad = grad / gradient_predivide_factor  # IndexedSlices: its values
+            if isinstance(grad, tf.IndexedSlices):  # travels as rows (grace.sparse)
+                sparse.append((position, _rows(grad, variables[position]), name))
+            else:
+                present.append((position, grad, name))
         # Buckets in reverse variable order, as backward makes the gradients (as in PyTorch).
         present.reverse()
         buckets = pipeline.buckets([(_OPS.shape(g), _OPS.dtype(g)) for _, g, _ in present], _OPS)
-        exchanges = [pipeline.start_bucket([present[i][1] for i in bucket],
-                                           [present[i][2] for i in bucket], collectives, _OPS)
-                     for bucket in buckets]
+        exchanges = [pipeline.start_sparse(rows, name, collectives, _OPS) for _, rows, name in sparse]
+        exchanges += [pipeline.start_bucket([present[i][1] for i in bucket],
+                                            [present[i][2] for i in bucket], collectives, _OPS)
+                      for bucket in buckets]
         scale = gradient_predivide_factor / collectives.size if op == hvd.Average else 1.0
         # One verdict for the step: an Inf or NaN anywhere drops every tensor's state writes.
         finished = pipeline.finish_step(exchanges, collectives, scale)
         combined: list = [None] * len(grads)
-        for bucket, results in zip(buckets, finished):
+        for (position, _, _), rows in zip(sparse, finished):
+            combined[position] = tf.IndexedSlices(rows.values, rows.indices,
+                                                  tf.constant(rows.dense_shape, tf.int64))
+        for bucket, results in zip(buckets, finished[len(sparse):]):
             for i, result in zip(bucket, results):
                 combined[present[i][0]] = result
         return combined

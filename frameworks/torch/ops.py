@@ -189,6 +189,17 @@ class TorchOps(Ops):
         out = torch.zeros(n, dtype=values.dtype, device=values.device)
         return out.index_add_(0, indices, values)
 
+    def unique(self, x):
+        values, inverse = torch.unique(x, sorted=True, return_inverse=True)
+        return values, inverse.reshape(-1).to(torch.int64)
+
+    def divmod(self, x, divisor):
+        return torch.div(x, divisor, rounding_mode="floor"), torch.remainder(x, divisor)
+
+    def add_rows(self, count, positions, rows):
+        out = torch.zeros((int(count), rows.shape[1]), dtype=rows.dtype, device=rows.device)
+        return out.index_add_(0, positions.to(torch.int64), rows)
+
     def zero_at(self, x, indices, overwrite=False):
         return (x if overwrite else x.clone()).index_fill_(0, indices.long(), 0)
 

@@ -24,6 +24,7 @@ from frameworks.torch.ops import TorchOps
 from grace import agreement
 from grace.momentum import OptimizerMomentum
 from grace.pipeline import Pipeline
+from grace.sparse import Rows
 
 _OPS = TorchOps()
 
@@ -47,7 +48,8 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         self.process_set = process_set
         self._touched: set = set()  # parameters whose hook fired since the last synchronize
         self._done: set = set()  # ... and whose gradient is final for this step
-        self._started: dict = {}  # bucket index -> its exchange (grace.pipeline.Exchange)
+        self._started: dict = {}  # bucket index -> its exchanges: (positions, Exchange) each
+        self._sparse: dict = {}  # parameter -> whether its gradient is sparse, as the workers agreed
         self._synchronized = False
         self._should_synchronize = True
         self._groups = groups
@@ -120,19 +122,41 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
 
     # --- communication -------------------------------------------------------------------------
     def _gradient(self, p):
+        """p's gradient as it travels: dense, or (sparse, unless ``sparse_as_dense``) its rows, in
+        the form the workers agreed for p (a worker without a gradient, or with the other form,
+        converts: exactly, as zeros are no rows)."""
+        sparse = self._sparse.get(p, False) and not self.sparse_as_dense
         if p.grad is None:
             # Another worker may have a gradient for p in this step: every worker must take part.
-            p.grad = torch.zeros_like(p)
+            p.grad = torch.zeros_like(p).to_sparse() if sparse else torch.zeros_like(p)
         grad = p.grad
-        if grad.is_sparse:
-            if not self.sparse_as_dense:
-                raise ValueError(
-                    f"the gradient of {self._parameter_names[p]!r} is sparse; grace compresses dense "
-                    f"tensors: pass sparse_as_dense=True to DistributedOptimizer")
-            grad = grad.to_dense()
+        if grad.is_sparse != sparse:
+            grad = grad.to_sparse() if sparse else grad.to_dense()
         if self.op == hvd.Average and self.gradient_predivide_factor != 1.0:
             grad = grad / self.gradient_predivide_factor
+        if sparse:  # as backward made it, a row per lookup: the pipeline adds up repeats
+            return Rows(grad._indices()[0], grad._values(), tuple(grad.shape))
         return grad
+
+    def _agree_on_sparse(self) -> None:
+        """Once, in the first step's ``synchronize``: whether each parameter's gradient travels
+        sparse, so that every worker exchanges it alike even where its own gradient is missing.
+        One allreduce of two counts per parameter: sparse where some worker's gradient is sparse
+        and none is dense (a dense one may have started already, in a hook)."""
+        params = self._requires_update
+        mine = ([float(p.grad is not None and p.grad.is_sparse) for p in params]
+                + [float(p.grad is not None and not p.grad.is_sparse) for p in params])
+        if self._collectives.size > 1:
+            mine = self._collectives.synchronize(self._collectives.allreduce_async(
+                torch.tensor(mine, dtype=torch.float32), "grace.sparse_gradients")).tolist()
+            self._pipeline.count_control(4 * len(mine), _OPS)
+        n = len(params)
+        self._sparse = {p: mine[i] > 0 and mine[n + i] == 0 for i, p in enumerate(params)}
+
+    def _may_start(self, bucket) -> bool:
+        """Whether a bucket may start from a hook: always once the workers agreed which
+        gradients are sparse; before (the first step), if all its gradients are dense."""
+        return bool(self._sparse) or all(p.grad is not None and not p.grad.is_sparse for p in bucket)
 
     def _retake_momentum(self) -> None:
         """The momentum taken over, as the optimizer's settings say now (rank 0's after
@@ -144,9 +168,15 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         if not self._started:  # the step's first bucket: the momentum as the settings say now
             self._retake_momentum()
         bucket = self._buckets[index]
-        self._started[index] = self._pipeline.start_bucket(
-            [self._gradient(p) for p in bucket], [self._parameter_names[p] for p in bucket],
-            self._collectives, _OPS)
+        grads = [self._gradient(p) for p in bucket]
+        names = [self._parameter_names[p] for p in bucket]
+        dense = [i for i, g in enumerate(grads) if not isinstance(g, Rows)]
+        started = [([i], self._pipeline.start_sparse(grads[i], names[i], self._collectives, _OPS))
+                   for i, g in enumerate(grads) if isinstance(g, Rows)]
+        if dense:
+            started.append((dense, self._pipeline.start_bucket(
+                [grads[i] for i in dense], [names[i] for i in dense], self._collectives, _OPS)))
+        self._started[index] = started
 
     def _make_hook(self, p):
         def hook(*_):
@@ -161,7 +191,8 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
             self._done.add(p)
             index = self._bucket_of[p]
             self._bucket_ready[index] += 1
-            if self._bucket_ready[index] == len(self._buckets[index]):
+            bucket = self._buckets[index]
+            if self._bucket_ready[index] == len(bucket) and self._may_start(bucket):
                 # The bucket's last gradient is ready: it travels while backward goes on.
                 self._start_bucket(index)
         return hook
@@ -181,17 +212,30 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         if not self.process_set.included():
             self._synchronized = True
             return
+        if not self._sparse and self._buckets:
+            self._agree_on_sparse()
         for index in range(len(self._buckets)):
             if index not in self._started:  # some gradient did not come from backward's hooks
                 self._start_bucket(index)
         # One verdict for the step: an Inf or NaN anywhere drops every tensor's state writes.
-        finished = self._pipeline.finish_step([self._started[i] for i in range(len(self._buckets))],
+        started = [(index, positions, exchange) for index in range(len(self._buckets))
+                   for positions, exchange in self._started[index]]
+        finished = self._pipeline.finish_step([exchange for _, _, exchange in started],
                                               self._collectives, self._scale())
-        for bucket, results in zip(self._buckets, finished):
-            for p, result in zip(bucket, results):
+        for (index, positions, exchange), results in zip(started, finished):
+            if exchange.single:
+                results = [results]
+            for i, result in zip(positions, results):
+                p = self._buckets[index][i]
                 self._allreduce_delay[p] = self.backward_passes_per_step
-                if p.grad.is_sparse:
-                    p.grad.zero_().add_(result.to_sparse())
+                if isinstance(result, Rows):
+                    # Distinct indices in ascending order, within the table: coalesced by
+                    # construction, so torch need not check it again.
+                    p.grad = torch.sparse_coo_tensor(
+                        result.indices.reshape(1, -1), result.values.to(p.dtype), result.dense_shape,
+                        is_coalesced=True, check_invariants=False)
+                elif p.grad.is_sparse:  # sparse_as_dense: dense on the wire, sparse for the
+                    p.grad = result.to(p.dtype).to_sparse()  # optimizer (SparseAdam needs it)
                 else:
                     p.grad.set_(result.to(p.grad.dtype))
         self._reset_step()

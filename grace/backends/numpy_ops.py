@@ -84,6 +84,19 @@ class NumpyOps(Ops):
         np.add.at(out, np.asarray(indices, dtype=np.int64), values)
         return out
 
+    def unique(self, x):
+        values, inverse = np.unique(np.asarray(x), return_inverse=True)
+        return values, inverse.reshape(-1).astype(np.int64)
+
+    def divmod(self, x, divisor):
+        return np.divmod(np.asarray(x), divisor)
+
+    def add_rows(self, count, positions, rows):
+        rows = np.asarray(rows)
+        out = np.zeros((int(count), rows.shape[1]), dtype=rows.dtype)
+        np.add.at(out, np.asarray(positions, dtype=np.int64), rows)
+        return out
+
     def zero_at(self, x, indices, overwrite=False):
         out = x if overwrite and isinstance(x, np.ndarray) and x.flags.writeable else np.array(x, copy=True)
         out[np.asarray(indices, dtype=np.int64)] = 0

@@ -13,6 +13,7 @@ class FP16(Compressor):
     name = "fp16"
     summable = True
     wire_dtype = "float16"
+    elementwise = True
 
     def encode(self, flat, name, ctx, ops):
         if ctx.dtype in ("float32", "float64"):

@@ -9,6 +9,7 @@ class NoneCompressor(Compressor):
 
     name = "none"
     summable = True
+    elementwise = True
 
     def encode(self, flat, name, ctx, ops):
         return [flat]

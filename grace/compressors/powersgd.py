@@ -19,6 +19,7 @@ class PowerSGD(Compressor):
     default_memory = "powersgd"
     default_communicator = "allreduce"
     rounds = 2
+    encodes_rows = False
 
     def __init__(self, rank: int = 2, seed: int = 0):
         self.rank = check_int("rank", rank, minimum=1)

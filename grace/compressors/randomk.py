@@ -18,6 +18,7 @@ class RandomK(Seeded, Sparse, Compressor):
     summable = True
     default_memory = "delayed"
     default_communicator = "allreduce"
+    encodes_rows = False
 
     def __init__(self, ratio: float = 0.01, seed: int = 0, scale: bool = False):
         self.ratio = check_ratio("ratio", ratio)

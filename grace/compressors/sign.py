@@ -109,6 +109,7 @@ class Signum(OwnsMomentum, SignSGD):
     default_momentum = 0.9
     momentum_param = "beta"
     takes_adam_beta1 = True
+    encodes_rows = False
 
     def __init__(self, beta: float | None = None, nesterov: bool = False):
         self._init_momentum(beta, nesterov)

@@ -1,0 +1,295 @@
+"""Sparse gradients: the rows of a table that a step touched (an embedding's gradient: PyTorch's
+sparse COO tensor, TensorFlow's ``tf.IndexedSlices``), exchanged as rows.
+
+Horovod sends such a gradient as it is: every worker's indices and values, gathered. Here each
+worker first adds up the rows of repeated indices (a batch looks up the same word many times), adds
+the rows error feedback kept from earlier steps, encodes the rows with the pipeline's compressor
+(as one tensor of ``rows × width`` elements: top-k keeps the largest elements of the rows, a
+quantizer scales them per block, a cast casts them), and gathers the indices and the encoded rows
+from every worker. The receivers decode each worker's rows, add them up per index (or combine them
+as the algorithm does: signSGD's majority vote), and hand the optimizer one row per distinct index.
+
+What the encoding leaves out is kept as sparse rows (``RowResidual``): the memory holds the rows
+touched, never the table. Where the optimizer's momentum was taken over by the compression, the
+rows get it after the exchange (``RowVelocity``), as the optimizer would have applied it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from grace.compressor import Compressor, Context, Sparse, compute_dtype, numel_of
+from grace.ops import Ops, Tensor, index_dtype
+
+
+@dataclass
+class Rows:
+    """A sparse gradient: ``values[i]`` is the gradient of row ``indices[i]`` of a table of
+    ``dense_shape`` (``values`` is 2-d: rows × the row's elements). Indices may repeat."""
+
+    indices: Tensor
+    values: Tensor
+    dense_shape: tuple[int, ...]
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        return tuple(self.dense_shape[1:])
+
+
+def merge(indices: Sequence[Tensor], values: Sequence[Tensor], width: int, ops: Ops
+          ) -> tuple[Tensor, Tensor]:
+    """The rows (``width`` elements each) of several sparse gradients of one table, one row per
+    distinct index (ascending), the rows of an index added up."""
+    joined = ops.concat(indices) if len(indices) > 1 else ops.flatten(indices[0])
+    rows = values[0] if len(values) == 1 else ops.reshape(ops.concat(values), [-1, width])
+    distinct, position = ops.unique(joined)
+    return distinct, ops.add_rows(ops.size(distinct), position, rows)
+
+
+class RowStore(dict):
+    """Per-table state whose number of rows changes from step to step (an adapter whose state
+    lives in variables gives these a variable first dimension)."""
+
+
+class RowResidual:
+    """Error feedback for sparse gradients: per table, the rows (indices and values) that earlier
+    steps' encodings left out, added to the next step's rows before encoding. Only rows that were
+    touched are held."""
+
+    def __init__(self):
+        self.row_indices: dict = RowStore()
+        self.row_values: dict = RowStore()
+
+    def compensate(self, indices: Tensor, rows: Tensor, width: int, name: str, ops: Ops
+                   ) -> tuple[Tensor, Tensor]:
+        kept = ops.load_rows(self.row_indices, self.row_values, name, like_indices=indices, like=rows)
+        if kept is None:
+            return indices, rows
+        return merge([indices, kept[0]], [rows, kept[1]], width, ops)
+
+    def update(self, indices: Tensor, residual: Tensor, name: str, ops: Ops) -> None:
+        ops.save(self.row_indices, name, indices)
+        ops.save(self.row_values, name, residual)
+
+
+class RowVelocity:
+    """The optimizer's momentum, taken over by the compression (``grace.momentum``), applied to the
+    exchanged rows of a sparse gradient as the optimizer would have: ``u = momentum * u + (1 -
+    dampening) * g`` over the rows ever touched (rows not touched this step decay), stepping by
+    ``u``, or ``g + momentum * u`` with Nesterov."""
+
+    def __init__(self):
+        self.momentum = 0.0
+        self.nesterov = False
+        self.dampening = 0.0
+        self.velocity_indices: dict = RowStore()
+        self.velocity_values: dict = RowStore()
+
+    def step(self, indices: Tensor, rows: Tensor, width: int, name: str, ops: Ops
+             ) -> tuple[Tensor, Tensor]:
+        if self.momentum == 0.0:
+            return indices, rows if self.dampening == 0.0 else ops.scale(rows, 1.0 - self.dampening)
+        kept = ops.load_rows(self.velocity_indices, self.velocity_values, name,
+                             like_indices=indices, like=rows)
+        fresh = ops.scale(rows, 1.0 - self.dampening) if self.dampening else rows
+        if kept is None:
+            velocity = (indices, fresh)
+        else:
+            velocity = merge([indices, kept[0]], [fresh, ops.scale(kept[1], self.momentum)], width, ops)
+        ops.save(self.velocity_indices, name, velocity[0])
+        ops.save(self.velocity_values, name, velocity[1])
+        if self.nesterov:
+            return merge([indices, velocity[0]], [rows, ops.scale(velocity[1], self.momentum)], width,
+                         ops)
+        return velocity
+
+
+class RowsCodec(Compressor):
+    """A sparse gradient's payload: the distinct indices (the narrowest integer that addresses
+    the table), then the rows, encoded by ``inner`` where ``encoded`` (else as they are). Decoding
+    needs only the payload, whatever the number of rows each worker sent; the workers' rows are
+    combined per index as ``inner`` aggregates them, and, if the momentum was taken over, stepped
+    by ``velocity``. One codec serves one exchange of one table."""
+
+    name = "rows"
+    fixed_size = False
+
+    def __init__(self, inner: Compressor, encoded: bool, table: tuple[int, ...],
+                 residual: RowResidual | None, velocity: RowVelocity | None,
+                 transactional: bool = True):
+        self.inner = inner
+        self.encoded = encoded
+        self.table = tuple(int(d) for d in table)
+        self.width = numel_of(self.table[1:])
+        self.residual_rows = residual
+        self.velocity = velocity
+        self.transactional = transactional
+        self.host: HostRows | None = None
+
+    def encode(self, flat, name, ctx, ops):
+        raise NotImplementedError("RowsCodec encodes through encode_rows")
+
+    def decode(self, payload, ctx, ops):
+        raise NotImplementedError("RowsCodec decodes through combine")
+
+    def encode_rows(self, indices: Tensor, rows: Tensor, name: str, ops: Ops,
+                    rank: int) -> tuple[list, Context]:
+        """This worker's payload for the 2-d ``rows`` at ``indices`` (repeats allowed), error
+        feedback added before encoding and kept after it (state writes go where ``ops.within``
+        routes them)."""
+        indices, rows = merge([indices], [rows], self.width, ops)
+        if self.encoded and not isinstance(ops.size(indices), int) and not self.inner.elementwise:
+            # A traced graph, whose number of rows is known only when it runs: every worker
+            # traces the same graph, so every worker encodes on the host alike.
+            self.host = HostRows(self, name, rank)
+            return self.host.encode(indices, rows, ops), self._context(name, ops.dtype(rows), rank)
+        if self.encoded and self.residual_rows is not None:
+            indices, rows = self.residual_rows.compensate(indices, rows, self.width, name, ops)
+        ctx = self._context(name, ops.dtype(rows), rank)
+        sent = ops.cast(indices, index_dtype(self.table[0]))
+        if not self.encoded:
+            return [sent, rows], ctx
+        count = ops.size(indices)
+        numel = count * self.width
+        inner_ctx = Context((count, self.width), ops.dtype(rows), numel if isinstance(numel, int) else 0,
+                            rank=rank)
+        payload = self.inner.encode(ops.flatten(rows), name, inner_ctx, ops)
+        positions = self.inner.sent_indices(payload, inner_ctx)
+        if self.residual_rows is not None:
+            left = self.inner.residual(rows, payload, inner_ctx, ops, overwrite=True)
+            self.residual_rows.update(indices, ops.reshape(left, [-1, self.width]), name, ops)
+        if positions is not None and isinstance(self.inner, Sparse):
+            sent, payload = self._rows_holding(sent, positions, payload, ops)
+        return [sent] + payload, ctx
+
+    def _context(self, name: str, dtype: str, rank: int) -> Context:
+        return Context(self.table, dtype, numel_of(self.table), {"name": name}, rank=rank)
+
+    def _rows_holding(self, sent: Tensor, positions: Tensor, payload: list, ops: Ops
+                      ) -> tuple[Tensor, list]:
+        """A sparsifier's payload over only the rows that hold a sent entry: their indices, and
+        the entries' positions in those rows (a row none of whose entries is sent costs nothing)."""
+        row, column = ops.divmod(positions, self.width)
+        held, which = ops.unique(row)
+        width = ops.full(ops.size(which), self.width, "int64", like=which)
+        moved = ops.cast(ops.add(ops.mul(which, width), ops.cast(column, "int64")), ops.dtype(positions))
+        return ops.gather(sent, ops.cast(held, "int64")), self.inner.with_positions(payload, moved)
+
+    def _rows_of(self, payload: list, dtype: str, ops: Ops) -> Tensor:
+        if not self.encoded:
+            return payload[1]
+        count = ops.size(payload[0])
+        numel = count * self.width
+        ctx = Context((count, self.width), dtype, numel if isinstance(numel, int) else 0)
+        return self.inner.decompress(payload[1:], ctx, ops)
+
+    def combine(self, payloads, ctx, ops, scale=1.0):
+        if self.host is not None:
+            return self.host.combine(payloads, ctx, ops, scale)
+        work = compute_dtype(ctx.dtype)
+        indices = [ops.cast(p[0], "int64") for p in payloads]
+        rows = [ops.reshape(ops.cast(self._rows_of(p, ctx.dtype, ops), work), [-1, self.width])
+                for p in payloads]
+        if not self.encoded or type(self.inner).aggregate is Compressor.aggregate or len(rows) == 1:
+            distinct, total = merge(indices, rows, self.width, ops)
+        else:  # e.g. a majority vote: each worker's rows aligned on the distinct indices first
+            distinct, position = ops.unique(ops.concat(indices))
+            count = ops.size(distinct)
+            pieces = ops.split(position, [ops.size(i) for i in indices])
+            total = self.inner.aggregate(
+                [ops.add_rows(count, piece, r) for piece, r in zip(pieces, rows)], ops)
+        if scale != 1.0:
+            total = ops.scale(total, scale)
+        if self.velocity is not None:
+            distinct, total = self.velocity.step(distinct, total, self.width, ctx.data["name"], ops)
+        ctx.data["indices"] = distinct
+        return ops.cast(total, ctx.dtype)
+
+
+    def settle(self, discard: Tensor, ops: Ops) -> None:
+        """The step's verdict for state written on the host (``HostRows``): kept, or dropped
+        where ``discard`` is set. Other state writes go through the pipeline's transaction."""
+        if self.host is not None:
+            self.host.settle(discard, ops)
+
+
+class HostRows:
+    """A ``RowsCodec``'s work inside a traced graph whose number of rows is known only when it
+    runs (TensorFlow's ``tf.function``, Keras's ``fit``): the same algorithm, run by numpy when the
+    graph runs (``Ops.on_host``), its payload packed into one byte buffer, its state (residual and
+    velocity rows) held as numpy arrays, its writes kept until the step's verdict (``settle``)."""
+
+    def __init__(self, codec: RowsCodec, name: str, rank: int):
+        from grace.backends.numpy_ops import NumpyOps
+
+        self.ops = NumpyOps()
+        self.codec = RowsCodec(codec.inner, True, codec.table, codec.residual_rows, codec.velocity)
+        self.name, self.rank, self.width = name, rank, codec.width
+        self.transactional = codec.transactional
+        self.writes: dict | None = None
+        self.layout = None
+        self.decoded: Tensor | None = None
+
+    def _writes(self) -> dict | None:
+        return self.writes if self.transactional else None
+
+    def encode(self, indices: Tensor, rows: Tensor, ops: Ops) -> list:
+        from grace.packing import pack_bytes
+
+        def encode(indices, rows):
+            _state_on_host(self.codec)
+            self.writes = {}
+            with self.ops.within(self._writes()):
+                payload, _ = self.codec.encode_rows(indices, rows, self.name, self.ops, self.rank)
+            buffer, self.layout = pack_bytes([((0, j), t, True) for j, t in enumerate(payload)],
+                                             None, self.ops)
+            return [buffer]
+        return ops.on_host(encode, [indices, rows], ["uint8"], [[None]])
+
+    def combine(self, payloads, ctx, ops, scale):
+        from grace.packing import unpack_bytes
+
+        def decode(*buffers):
+            import numpy as np
+
+            parts = [unpack_bytes(b, self.layout, 1, self.ops)[0][0] for b in buffers]
+            host_payloads = [[p[(0, j)] for j in range(len(self.layout.parts))] for p in parts]
+            host_ctx = self.codec._context(self.name, ctx.dtype, self.rank)
+            with self.ops.within(self._writes()):
+                values = self.codec.combine(host_payloads, host_ctx, self.ops, scale)
+            return [host_ctx.data["indices"].astype(np.int64), values]
+        indices, self.decoded = ops.on_host(decode, [p[0] for p in payloads], ["int64", ctx.dtype],
+                                            [[None], [None, self.width]])
+        ctx.data["indices"] = indices
+        return self.decoded
+
+    def settle(self, discard: Tensor, ops: Ops) -> None:
+        if not self.transactional:
+            return
+
+        def commit(discard, _):
+            import numpy as np
+
+            self.ops.commit(self.writes, discard)
+            return [np.zeros(1, np.float32)]
+        # The decoded rows as an input: the commit runs after the decoding's writes.
+        ops.on_host(commit, [discard, self.decoded], ["float32"], [[1]])
+
+
+def _state_on_host(codec: RowsCodec) -> None:
+    """The codec's row state as numpy arrays (a checkpoint read into an adapter's tensors)."""
+    import numpy as np
+
+    for part in (codec.residual_rows, codec.velocity):
+        for store in ([] if part is None else vars(part).values()):
+            if isinstance(store, RowStore):
+                for key, value in store.items():
+                    if not isinstance(value, np.ndarray):
+                        store[key] = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+
+
+def payload_bytes_horovod(rows: Rows, ops: Ops) -> Any:
+    """What Horovod's own sparse allreduce puts into its allgathers for ``rows``: int64 indices
+    and the values as they are."""
+    return ops.size(rows.indices) * 8 + ops.size(rows.values) * ops.itemsize(ops.dtype(rows.values))
