@@ -150,10 +150,7 @@ class RowsCodec(Compressor):
         sent = ops.cast(indices, index_dtype(self.table[0]))
         if not self.encoded:
             return [sent, rows], ctx
-        count = ops.size(indices)
-        numel = count * self.width
-        inner_ctx = Context((count, self.width), ops.dtype(rows), numel if isinstance(numel, int) else 0,
-                            rank=rank)
+        inner_ctx = self._rows_context(ops.size(indices), ops.dtype(rows), rank)
         payload = self.inner.encode(ops.flatten(rows), name, inner_ctx, ops)
         positions = self.inner.sent_indices(payload, inner_ctx)
         if self.residual_rows is not None:
@@ -165,6 +162,12 @@ class RowsCodec(Compressor):
 
     def _context(self, name: str, dtype: str, rank: int) -> Context:
         return Context(self.table, dtype, numel_of(self.table), {"name": name}, rank=rank)
+
+    def _rows_context(self, count: Any, dtype: str, rank: int = 0) -> Context:
+        """The inner compressor's view of ``count`` rows: a (count, width) tensor (its element
+        count 0 where ``count`` is only known when a traced graph runs)."""
+        numel = count * self.width
+        return Context((count, self.width), dtype, numel if isinstance(numel, int) else 0, rank=rank)
 
     def _rows_holding(self, sent: Tensor, positions: Tensor, payload: list, ops: Ops
                       ) -> tuple[Tensor, list]:
@@ -179,10 +182,7 @@ class RowsCodec(Compressor):
     def _rows_of(self, payload: list, dtype: str, ops: Ops) -> Tensor:
         if not self.encoded:
             return payload[1]
-        count = ops.size(payload[0])
-        numel = count * self.width
-        ctx = Context((count, self.width), dtype, numel if isinstance(numel, int) else 0)
-        return self.inner.decompress(payload[1:], ctx, ops)
+        return self.inner.decompress(payload[1:], self._rows_context(ops.size(payload[0]), dtype), ops)
 
     def combine(self, payloads, ctx, ops, scale=1.0):
         if self.host is not None:
@@ -205,7 +205,6 @@ class RowsCodec(Compressor):
             distinct, total = self.velocity.step(distinct, total, self.width, ctx.data["name"], ops)
         ctx.data["indices"] = distinct
         return ops.cast(total, ctx.dtype)
-
 
     def settle(self, discard: Tensor, ops: Ops) -> None:
         """The step's verdict for state written on the host (``HostRows``): kept, or dropped
