@@ -37,6 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINES = ("fp32", "hvd-fp16")
 METRIC = {"mnist": ("test_accuracy", "max", workloads.MNIST["target"]),
           "lstm": ("perplexity", "min", workloads.LSTM["target"]),
+          "words": ("perplexity", "min", workloads.WORDS["target"]),
           "exchange": (None, None, None)}
 COLUMNS = ["workload", "framework", "compression", "rate", "workers", "status", "samples_per_s",
            "step_ms", "compute_ms", "compression_ms", "communication_ms", "payload_kib_per_step",

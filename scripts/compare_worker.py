@@ -174,6 +174,39 @@ def run_torch(args, spec):
             mean = float(hvd.allreduce(torch.tensor(nll), name="eval"))
             return {"perplexity": float(np.exp(mean))}
         samples = cfg["batch"]
+    elif args.workload == "words":
+        cfg = workloads.WORDS
+        train, valid = workloads.shakespeare_words(cfg["context"], cfg["vocab"])
+
+        class WordModel(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.embed = torch.nn.Embedding(cfg["vocab"], cfg["embed"], sparse=True)
+                self.hidden = torch.nn.Linear(cfg["context"] * cfg["embed"], cfg["hidden"])
+                self.out = torch.nn.Linear(cfg["hidden"], cfg["vocab"])
+
+            def forward(self, x):
+                return self.out(torch.relu(self.hidden(self.embed(x).flatten(1))))
+
+        model = WordModel()
+        # No momentum: PyTorch's optimizers other than SGD refuse sparse gradients, and the sparse
+        # embedding models of Horovod's examples train with plain SGD.
+        base = torch_optimizer(args, model.parameters(), learning_rate(args, cfg), 0.0)
+
+        def batch():
+            w = torch.from_numpy(train[rng.integers(0, len(train), cfg["batch"])])
+            return w[:, :-1], w[:, -1]
+
+        def loss_of(x, y):
+            return torch.nn.functional.cross_entropy(model(x), y)
+
+        def evaluate():
+            share = torch.from_numpy(valid[rank::size])
+            with torch.no_grad():
+                nll = float(loss_of(share[:, :-1], share[:, -1]))
+            mean = float(hvd.allreduce(torch.tensor(nll), name="eval"))
+            return {"perplexity": float(np.exp(mean))}
+        samples = cfg["batch"]
     else:
         shapes = workloads.resnet50_shapes()
         gen = torch.Generator().manual_seed(args.seed + rank)
@@ -213,6 +246,9 @@ def run_torch(args, spec):
         optimizer = hvd.DistributedOptimizer(base, named_parameters=named)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
+    sent = dense_bytes([sparse_size(g) for g in grads], spec)
+    # A sparse gradient's compression is timed on its rows, what the pipeline compresses.
+    grads = [g.coalesce().values() if g.is_sparse else g for g in grads]
     compress_s = compression_time(pipeline, grads, size)
     if spec == "hvd-fp16":
         compress_s = median_time(lambda: [g.half().float() for g in grads], 3)
@@ -237,7 +273,7 @@ def run_torch(args, spec):
 
     dist_step()  # a first step outside the timings: Horovod negotiates each tensor once
     report(args, hvd.rank(), size, samples, compute_s, compress_s, dist_step, evaluate,
-           lambda: pipeline.stats() if pipeline else None, dense_bytes(grads, spec),
+           lambda: pipeline.stats() if pipeline else None, sent,
            lambda: hvd.allreduce(torch.zeros(1), name="barrier"))
 
 
@@ -262,10 +298,27 @@ def keras_optimizer(args, lr: float, momentum: float, clip: float | None = None)
     return keras.optimizers.SGD(lr, momentum=momentum, global_clipnorm=clip)
 
 
-def dense_bytes(grads, spec) -> int:
-    """What a worker puts into Horovod's allreduce per step without grace."""
-    n = sum(int(np.prod(g.shape)) for g in grads)
-    return n * (2 if spec == "hvd-fp16" else 4)
+def dense_bytes(sizes, spec) -> int:
+    """What a worker gives Horovod per step without grace: ``sizes`` holds a dense gradient's
+    shape, or a sparse one's (rows, row elements), sent by Horovod's allgather with its int64
+    indices."""
+    per_value = 2 if spec == "hvd-fp16" else 4
+    total = 0
+    for size in sizes:
+        if isinstance(size, tuple) and size and size[0] == "rows":
+            total += size[1] * (size[2] * per_value + 8)
+        else:
+            total += int(np.prod(size)) * per_value
+    return total
+
+
+def sparse_size(g):
+    """A gradient's size for ``dense_bytes``: torch sparse COO or ``tf.IndexedSlices`` as rows."""
+    if getattr(g, "is_sparse", False):  # torch: Horovod sends the rows as the gradient holds them
+        return ("rows", int(g._values().shape[0]), int(np.prod(g._values().shape[1:])))
+    if type(g).__name__ == "IndexedSlices":
+        return ("rows", int(g.values.shape[0]), int(np.prod(g.values.shape[1:])))
+    return tuple(g.shape)
 
 
 # --- TensorFlow ---------------------------------------------------------------------------------
@@ -330,6 +383,30 @@ def run_tf(args, spec):
             mean = float(hvd.allreduce(tf.constant(nll), name="eval"))
             return {"perplexity": float(np.exp(mean))}
         samples = cfg["batch"]
+    elif args.workload == "words":
+        cfg = workloads.WORDS
+        train, valid = workloads.shakespeare_words(cfg["context"], cfg["vocab"])
+        model = keras.Sequential([keras.Input((cfg["context"],), dtype="int64"),
+                                  keras.layers.Embedding(cfg["vocab"], cfg["embed"]),
+                                  keras.layers.Flatten(),
+                                  keras.layers.Dense(cfg["hidden"], activation="relu"),
+                                  keras.layers.Dense(cfg["vocab"])])
+        base = keras_optimizer(args, learning_rate(args, cfg), 0.0)
+        xent = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+        def batch():
+            w = train[rng.integers(0, len(train), cfg["batch"])]
+            return tf.constant(w[:, :-1]), tf.constant(w[:, -1])
+
+        def loss_of(x, y):
+            return xent(y, model(x, training=True))
+
+        def evaluate():
+            share = valid[rank::size]
+            nll = float(xent(share[:, -1], model(share[:, :-1], training=False)))
+            mean = float(hvd.allreduce(tf.constant(nll), name="eval"))
+            return {"perplexity": float(np.exp(mean))}
+        samples = cfg["batch"]
     else:
         shapes = workloads.resnet50_shapes()
         variables = [tf.Variable(tf.zeros(s)) for _, s in shapes]
@@ -358,6 +435,10 @@ def run_tf(args, spec):
     dist_opt = hvd.DistributedOptimizer(base, compression=pipeline) if pipeline is not None else base
     compression = hvd.Compression.fp16 if spec == "hvd-fp16" else hvd.Compression.none
 
+    # The words workload's embedding gradient travels sparse (Horovod's allgather of rows, grace's
+    # rows); the others' as before, dense.
+    sparse = args.workload == "words"
+
     def make_step(distributed):
         optimizer = dist_opt if distributed else base
 
@@ -366,9 +447,10 @@ def run_tf(args, spec):
             with tf.GradientTape() as tape:
                 loss = loss_of(*data)
             if distributed and pipeline is None:
-                tape = hvd.DistributedGradientTape(tape, compression=compression, sparse_as_dense=True)
+                tape = hvd.DistributedGradientTape(tape, compression=compression,
+                                                   sparse_as_dense=not sparse)
             grads = tape.gradient(loss, watched)
-            if distributed and pipeline is not None:
+            if distributed and pipeline is not None and not sparse:
                 grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
             optimizer.apply(grads, variables)
             return grads
@@ -380,7 +462,9 @@ def run_tf(args, spec):
     compute_s = median_time(lambda: local(*data()), CALIBRATION_STEPS)
     broadcast_variables(variables, root_rank=0)  # Horovod's fails on Keras 3 variables
     grads = [g for g in local(*data()) if g is not None]
-    grads = [tf.convert_to_tensor(g) for g in grads]
+    sent = dense_bytes([sparse_size(g) for g in grads], spec)
+    grads = [g.values if isinstance(g, tf.IndexedSlices) and sparse else tf.convert_to_tensor(g)
+             for g in grads]
     if spec == "hvd-fp16":
         compress_s = median_time(lambda: [tf.cast(tf.cast(g, tf.float16), tf.float32) for g in grads], 3)
     else:
@@ -391,7 +475,7 @@ def run_tf(args, spec):
 
     dist_step()  # traces, and lets Horovod negotiate each tensor once
     report(args, rank, size, samples, compute_s, compress_s, dist_step, evaluate,
-           lambda: pipeline.stats() if pipeline else None, dense_bytes(grads, spec),
+           lambda: pipeline.stats() if pipeline else None, sent,
            lambda: hvd.allreduce(tf.zeros(1), name="barrier"))
 
 

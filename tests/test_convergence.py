@@ -45,9 +45,7 @@ def runs(tmp_path_factory):
     return results
 
 
-CASES = [pytest.param(fw, name, marks=[] if fw == "torch" or name in TF else pytest.mark.skip(
-    reason="shares every line with the PyTorch run (test_pytorch_and_tensorflow_train_alike)"))
-    for fw in ("torch", "tf") for name in grace.available()]
+CASES = [("torch", name) for name in grace.available()] + [("tf", name) for name in TF]
 
 
 @pytest.mark.parametrize("framework, name", CASES)

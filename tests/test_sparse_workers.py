@@ -123,3 +123,25 @@ def test_keras_fit_compresses_the_embeddings_rows(tf_report):
     assert tf_report[0]["keras.adam.topk"]["weights"] == tf_report[1]["keras.adam.topk"]["weights"]
     stats = tf_report[0]["keras.adam.topk"]["stats"]
     assert stats["bytes_sent"] < stats["bytes_dense"] / 3
+
+
+def test_tensorflow_sparse_gradient_of_unknown_table_shape_is_a_clear_error():
+    """A ``tf.IndexedSlices`` travels as rows of its table: without a variable and with no static
+    ``dense_shape`` the table is unknown when the graph is traced, which is an error naming the
+    way out; a static ``dense_shape`` is enough."""
+    import tensorflow as tf
+
+    from frameworks.tensorflow.reduce import _rows
+
+    values, indices = tf.ones((2, 3)), tf.constant([0, 4])
+    rows = _rows(tf.IndexedSlices(values, indices, dense_shape=tf.constant([5, 3])), None)
+    assert rows.dense_shape == (5, 3)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+    def traced(shape):
+        return _rows(tf.IndexedSlices(values, indices, dense_shape=shape), None)
+
+    with pytest.raises(ValueError, match="sparse_as_dense=True"):
+        traced.get_concrete_function()
+    with pytest.raises(ValueError, match="whose shape must be known"):
+        _rows(tf.IndexedSlices(values, indices), None)
