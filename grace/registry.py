@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from grace.bucketing import DEFAULT_BUCKET_BYTES
 from grace.communicator import Communicator
@@ -84,6 +84,36 @@ def build(compressor: str, *, memory: str | None = None, communicator: str | Non
                     warmup_steps, granularity, bucket_bytes)
 
 
+def factory(name: str) -> Callable[..., Pipeline]:
+    """``grace.<name>(...)``: ``build(name, ...)`` taking the compressor's own parameters by name or
+    in their constructor's order (``grace.topk(0.01)``), then ``build``'s options by name. Its
+    signature and summary come from the compressor's class, so that no default is written twice."""
+    cls = COMPRESSORS[name]
+    own = [p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD)
+           for p in inspect.signature(cls.__init__).parameters.values()
+           if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+    def make(*args: Any, **options: Any) -> Pipeline:
+        if len(args) > len(own):
+            raise TypeError(f"grace.{name}() takes {len(own)} positional argument(s) "
+                            f"({', '.join(p.name for p in own) or 'none'}), {len(args)} given")
+        for parameter, value in zip(own, args):
+            if parameter.name in options:
+                raise TypeError(f"grace.{name}() got {parameter.name!r} twice")
+            options[parameter.name] = value
+        return build(name, **options)
+
+    make.__name__ = make.__qualname__ = name
+    make.__module__ = "grace"
+    options = inspect.Parameter("options", inspect.Parameter.VAR_KEYWORD, annotation=Any)
+    make.__signature__ = inspect.Signature([*own, options], return_annotation=Pipeline)
+    summary = inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0]
+    make.__doc__ = (f"{summary}\n\nA ``Pipeline`` with {cls.__name__} (default memory "
+                    f"``{cls.default_memory}``, communicator ``{cls.default_communicator}``); "
+                    f"``options``: those of ``grace.build``.")
+    return make
+
+
 def from_params(params: Mapping[str, Any]) -> Pipeline:
     """Build a pipeline from a plain dict, e.g. ``{"compressor": "topk", "ratio": 0.01, "memory":
     "residual", "communicator": "allgather"}`` (a config file, a command line)."""
@@ -92,11 +122,4 @@ def from_params(params: Mapping[str, Any]) -> Pipeline:
     if "compressor" not in params:
         raise ValueError(f"params needs a 'compressor' key; one of: {', '.join(available())}")
     rest = dict(params)
-    name = check_choice("compressor", rest.pop("compressor"), COMPRESSORS)
-    memory = check_choice("memory", rest.get("memory") or COMPRESSORS[name].default_memory, MEMORIES)
-    allowed = set(compressor_params(name)) | set(memory_params(memory)) | set(_PIPELINE_KEYS)
-    unknown = sorted(set(rest) - allowed)
-    if unknown:
-        raise ValueError(f"unknown parameter {unknown[0]!r} in params for compressor {name!r}; "
-                         f"accepted: {', '.join(sorted(allowed))}")
-    return build(name, **rest)
+    return build(rest.pop("compressor"), **rest)  # build names any unknown parameter

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 
@@ -114,3 +115,23 @@ def test_variable_size_payloads_refuse_broadcast(name):
     with pytest.raises(ValueError, match=f"communicator='broadcast' needs payloads of a size known in "
                                          f"advance, and '{name}' payloads vary"):
         grace.build(name, communicator="broadcast")
+
+
+@pytest.mark.parametrize("name", grace.available())
+def test_each_factory_takes_its_compressors_parameters_and_defaults(name):
+    """``grace.<name>`` is built from the class: the same parameters and defaults, in order, then
+    ``build``'s options; positional arguments fill the parameters in that order."""
+    factory = getattr(grace, name)
+    params = list(inspect.signature(factory).parameters.values())
+    assert [(p.name, p.default) for p in params[:-1]] == list(grace.compressor_params(name).items())
+    assert params[-1].kind is inspect.Parameter.VAR_KEYWORD
+    defaults = grace.build(name).compressor
+    if params[:-1]:
+        first = params[0]
+        value = first.default if first.default is not None else 0.5
+        assert repr(factory(value).compressor) == repr(grace.build(name, **{first.name: value}).compressor)
+        with pytest.raises(TypeError, match="twice"):
+            factory(value, **{first.name: value})
+    assert repr(factory().compressor) == repr(defaults)
+    with pytest.raises(TypeError, match="positional"):
+        factory(*([0] * (len(params))))

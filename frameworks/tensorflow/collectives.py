@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
-from horovod.tensorflow.mpi_ops import _allreduce, allgather, broadcast
+from horovod.tensorflow.mpi_ops import allgather, broadcast
 
+from frameworks import internals
 from frameworks.process_set import ProcessSetCollectives
+
+_allreduce = internals.tf_allreduce()
 
 
 class HorovodCollectives(ProcessSetCollectives):

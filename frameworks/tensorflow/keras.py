@@ -14,6 +14,7 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
+from frameworks import internals
 from frameworks.tensorflow.momentum import take_keras_momentum
 from frameworks.tensorflow.reduce import make_reduce_grads
 from grace.pipeline import Pipeline
@@ -84,10 +85,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
 
         compression = grace.none()
     if not isinstance(compression, Pipeline):
-        import horovod.tensorflow.keras as hvd_keras
-
-        original = getattr(hvd_keras.DistributedOptimizer, "__grace_original__",
-                           hvd_keras.DistributedOptimizer)
+        original = internals.original("horovod.tensorflow.keras", "DistributedOptimizer")
         return original(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
                         gradient_predivide_factor, op, backward_passes_per_step,
                         average_aggregated_gradients, num_groups, groups, process_set,
@@ -144,22 +142,5 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             broadcast_variables(variables, self.root_rank, self.process_set, "grace.optimizer")
 
 
-def _patch_auto_jit_compile() -> None:
-    """Make Keras's ``jit_compile='auto'`` choose ``False`` for a model whose optimizer is a grace
-    wrapper (Keras 3 chooses XLA on CPU too, and Horovod's ops have no XLA kernels)."""
-    from keras.src.trainers.trainer import Trainer
-
-    resolve = Trainer._resolve_auto_jit_compile
-    if getattr(resolve, "_grace", False):
-        return
-
-    def _resolve_auto_jit_compile(self):
-        if is_grace_optimizer(getattr(self, "optimizer", None)):
-            return False
-        return resolve(self)
-
-    _resolve_auto_jit_compile._grace = True
-    Trainer._resolve_auto_jit_compile = _resolve_auto_jit_compile
-
-
-_patch_auto_jit_compile()
+# Keras 3 resolves jit_compile='auto' to XLA on CPU too, and Horovod's ops have no XLA kernels.
+internals.keras_auto_jit_off_for(is_grace_optimizer)

@@ -11,6 +11,7 @@ import logging
 import keras
 import tensorflow as tf
 
+from frameworks import internals
 from grace.momentum import OptimizerMomentum
 from grace.pipeline import Pipeline
 
@@ -45,17 +46,19 @@ def take_legacy_momentum(optimizer, compression: Pipeline, process_set) -> None:
     """The same for a TF1 ``tf.compat.v1.train`` optimizer, whose settings are private attributes
     read when it first applies gradients."""
     if isinstance(optimizer, tf.compat.v1.train.MomentumOptimizer):
-        found = OptimizerMomentum(float(optimizer._momentum), bool(optimizer._use_nesterov),
+        found = OptimizerMomentum(float(internals.tf1_setting(optimizer, "momentum")),
+                                  bool(internals.tf1_setting(optimizer, "nesterov")),
                                   source="MomentumOptimizer's momentum")
         line = compression.take_momentum(found)
         if line is not None:
-            optimizer._momentum, optimizer._use_nesterov = 0.0, False
+            internals.set_tf1_setting(optimizer, "momentum", 0.0)
+            internals.set_tf1_setting(optimizer, "nesterov", False)
     elif isinstance(optimizer, tf.compat.v1.train.AdamOptimizer):
-        beta1 = float(optimizer._beta1)
+        beta1 = float(internals.tf1_setting(optimizer, "beta1"))
         line = compression.take_momentum(OptimizerMomentum(beta1, dampening=beta1,
                                                         source="AdamOptimizer's beta1"), adam=True)
         if line is not None:
-            optimizer._beta1 = 0.0
+            internals.set_tf1_setting(optimizer, "beta1", 0.0)
     else:
         return
     _log(line, process_set)

@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import horovod.tensorflow as hvd
 
+from frameworks import internals
 from frameworks.tensorflow.momentum import take_legacy_momentum
 from frameworks.tensorflow.reduce import make_reduce_grads
 from grace.pipeline import Pipeline
-
-
-def _original(name):
-    function = getattr(hvd, name)
-    return getattr(function, "__grace_original__", function)
 
 
 def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=None,
@@ -30,7 +26,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
         import grace
 
         compression = grace.none()
-    original = _original("DistributedGradientTape")
+    original = internals.original("horovod.tensorflow", "DistributedGradientTape")
     if not isinstance(compression, Pipeline):
         return original(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
                         gradient_predivide_factor, num_groups, groups, process_set,
@@ -39,7 +35,7 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
                                      process_set)
     tape = original(gradtape, device_dense, device_sparse, hvd.Compression.none, sparse_as_dense,
                     hvd.Average, 1.0, num_groups, groups, process_set, scale_local_gradients)
-    tape._allreduce_grads = reduce_grads
+    internals.combine_gradients_with(tape, reduce_grads)
     tape._grace_pipeline = compression
     return tape
 
@@ -56,13 +52,13 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
         import grace
 
         compression = grace.none()
-    original = _original("DistributedOptimizer")
+    original = internals.original("horovod.tensorflow", "DistributedOptimizer")
     args = (name, use_locking, device_dense, device_sparse)
     if not isinstance(compression, Pipeline):
         return original(optimizer, *args, compression, sparse_as_dense, backward_passes_per_step,
                         op, gradient_predivide_factor, average_aggregated_gradients, num_groups,
                         groups, process_set, scale_local_gradients)
-    if not isinstance(optimizer, hvd._LegacyOptimizer):
+    if not internals.is_tf1_optimizer(optimizer):
         from frameworks.tensorflow.keras import DistributedOptimizer as keras_optimizer
 
         return keras_optimizer(optimizer, name, device_dense, device_sparse, compression,
@@ -75,8 +71,6 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     wrapped = original(optimizer, *args, hvd.Compression.none, sparse_as_dense,
                        backward_passes_per_step, hvd.Average, 1.0, average_aggregated_gradients,
                        num_groups, groups, process_set, scale_local_gradients)
-    wrapped._allreduce_grads = reduce_grads
-    if wrapped._agg_helper is not None:
-        wrapped._agg_helper._allreduce_grads = reduce_grads
+    internals.combine_gradients_with(wrapped, reduce_grads)
     wrapped._grace_pipeline = compression
     return wrapped

@@ -15,9 +15,9 @@ from contextlib import contextmanager
 from typing import Iterable
 
 import horovod.torch as hvd
-import horovod.torch.optimizer as horovod_optimizer
 import torch
 
+from frameworks import internals
 from frameworks.process_set import gather_objects
 from frameworks.torch.collectives import HorovodCollectives
 from frameworks.torch.ops import TorchOps
@@ -430,7 +430,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
 
         compression = grace.none()
     if not isinstance(compression, Pipeline):
-        return horovod_optimizer.DistributedOptimizer(
+        return internals.original("horovod.torch", "DistributedOptimizer")(
             optimizer, named_parameters, compression, backward_passes_per_step, op,
             gradient_predivide_factor, num_groups, groups, sparse_as_dense, process_set)
     if op not in (hvd.Average, hvd.Sum):
@@ -449,9 +449,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     _check_groups(groups)
     cls = type(optimizer.__class__.__name__, (_momentum_aside_class(optimizer.__class__),),
                dict(_GraceDistributedOptimizer.__dict__))
-    # hvd.broadcast_optimizer_state recognises Horovod's wrappers by their module and then steps
-    # the wrapped optimizer without communicating; this wrapper must be recognised the same way.
-    cls.__module__ = horovod_optimizer.DistributedOptimizer.__module__
+    # hvd.broadcast_optimizer_state must treat it as Horovod's (it steps without communicating).
+    internals.treated_as_horovods_optimizer(cls)
     wrapped = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
                   op, gradient_predivide_factor, groups, sparse_as_dense, process_set)
     # After the agreement check (which the constructor makes): the workers' optimizers may differ

@@ -1,0 +1,250 @@
+"""Every place grace reaches past the public API of Horovod, Keras or TensorFlow, in one module.
+
+grace keeps Horovod's behaviour by building Horovod's own wrappers and replacing the one piece that
+combines gradients, and routes ``hvd.DistributedOptimizer(..., compression=grace.X())`` to its own
+wrappers. That needs a few names that are not public API:
+
+- **Routing** (public names, private timing): Horovod's wrapper functions are wrapped when their
+  module is imported, before or after ``import grace``, by a finder on ``sys.meta_path`` that
+  patches each module right after it executes. Nothing is copied into Horovod's installation.
+- **Horovod, TensorFlow**: the gradient-combining function of ``DistributedGradientTape`` and of the
+  TF1 ``DistributedOptimizer`` (``_allreduce_grads``, also on its ``_agg_helper`` when it
+  accumulates), ``_LegacyOptimizer`` to tell a TF1 optimizer from a Keras one, and
+  ``mpi_ops._allreduce`` (the op without Horovod's averaging and name scoping).
+- **Horovod, PyTorch**: ``hvd.broadcast_optimizer_state`` recognises Horovod's optimizer wrappers by
+  their class's module; grace's wrapper presents that module to be treated alike.
+- **TensorFlow**: a TF1 ``MomentumOptimizer``'s and ``AdamOptimizer``'s momentum settings are
+  private attributes (``_momentum``, ``_use_nesterov``, ``_beta1``).
+- **Keras**: ``Trainer._resolve_auto_jit_compile`` decides ``jit_compile='auto'``; grace's
+  optimizers need ``False`` (Horovod's ops have no XLA kernels).
+
+Each access was written for the versions in ``WRITTEN_FOR``. On another version, the first access
+raises a ``RuntimeError`` naming them (``GRACE_UNTESTED_VERSIONS=1`` turns it into a warning), and a
+name that has gone raises naming it: a new release fails loudly at construction rather than
+misbehaving in training.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.abc
+import importlib.metadata
+import inspect
+import os
+import re
+import sys
+import warnings
+from typing import Any, Callable
+
+# The package (its distribution's name) -> the releases these accesses were written and tested
+# for, as [lowest, highest) version tuples.
+WRITTEN_FOR = {
+    "horovod": ((0, 28), (0, 29)),
+    "keras": ((3, 0), (4, 0)),
+    "tensorflow": ((2, 16), (3, 0)),
+}
+DISTRIBUTIONS = {"horovod": "horovod", "keras": "keras", "tensorflow": ("tensorflow-cpu", "tensorflow")}
+ALLOW_ENV = "GRACE_UNTESTED_VERSIONS"
+
+
+def _installed(package: str) -> str | None:
+    names = DISTRIBUTIONS[package]
+    for name in (names,) if isinstance(names, str) else names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    module = sys.modules.get(package)
+    return getattr(module, "__version__", None)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def _span(package: str) -> str:
+    low, high = WRITTEN_FOR[package]
+    return f">={'.'.join(map(str, low))},<{'.'.join(map(str, high))}"
+
+
+@functools.lru_cache(maxsize=None)
+def check_version(package: str, version: str | None = None) -> None:
+    """Raise (or, with ``GRACE_UNTESTED_VERSIONS=1``, warn) when ``package``'s installed version is
+    outside the span its accesses here were written for."""
+    version = version or _installed(package)
+    if version is None:
+        return  # not installed as a distribution (a source tree): nothing to compare
+    low, high = WRITTEN_FOR[package]
+    if low <= _release(version) < high:
+        return
+    message = (f"grace reaches into {package}'s internals (frameworks/internals.py) as written for "
+               f"{package} {_span(package)}, and {version} is installed; set {ALLOW_ENV}=1 to try "
+               f"anyway, or install {package}{_span(package)}")
+    if os.environ.get(ALLOW_ENV) == "1":
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    else:
+        raise RuntimeError(message)
+
+
+def _require(package: str, owner: Any, name: str) -> Any:
+    """``owner.name``, after the version check; a clear error if the name has gone."""
+    check_version(package)
+    if not hasattr(owner, name):
+        raise RuntimeError(
+            f"grace needs {getattr(owner, '__name__', type(owner).__name__)}.{name} from {package} "
+            f"(frameworks/internals.py, written for {package} {_span(package)}), and the installed "
+            f"{package} {_installed(package)} has none")
+    return getattr(owner, name)
+
+
+# --- routing hvd.DistributedOptimizer(..., compression=grace.X()) ------------------------------
+# Horovod module -> {its wrapper function: "the grace wrapper with the same signature"}
+ROUTES = {
+    "horovod.torch": {
+        "DistributedOptimizer": "frameworks.torch.optimizer:DistributedOptimizer",
+    },
+    "horovod.tensorflow": {
+        "DistributedGradientTape": "frameworks.tensorflow.tape:DistributedGradientTape",
+        "DistributedOptimizer": "frameworks.tensorflow.tape:DistributedOptimizer",
+    },
+    "horovod.tensorflow.keras": {
+        "DistributedOptimizer": "frameworks.tensorflow.keras:DistributedOptimizer",
+    },
+}
+
+
+def route(original: Callable, target: str) -> Callable:
+    """``original`` unless its ``compression`` argument is a grace ``Pipeline``, then ``target``
+    ("module:function", imported on first use) with the same arguments."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def routed(*args, **kwargs):
+        from grace.pipeline import Pipeline
+
+        if isinstance(signature.bind(*args, **kwargs).arguments.get("compression"), Pipeline):
+            module, function = target.split(":")
+            return getattr(importlib.import_module(module), function)(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    routed.__grace_original__ = original
+    return routed
+
+
+def original(module: str, name: str) -> Callable:
+    """Horovod's own ``module.name``, whether or not routing has wrapped it."""
+    function = getattr(importlib.import_module(module), name)
+    return getattr(function, "__grace_original__", function)
+
+
+def _patch(module) -> None:
+    if getattr(module, "_grace_patched", False):
+        return
+    for name, target in ROUTES[module.__name__].items():
+        if hasattr(module, name):
+            setattr(module, name, route(getattr(module, name), target))
+    module._grace_patched = True
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: lets the other finders find a Horovod module and wraps its loader so
+    that the module is patched right after it executes."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in ROUTES:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                exec_module = spec.loader.exec_module
+
+                def exec_and_patch(module, _exec=exec_module):
+                    _exec(module)
+                    _patch(module)
+
+                spec.loader.exec_module = exec_and_patch
+                return spec
+        return None
+
+
+def install_routes() -> None:
+    """Patch the Horovod modules already imported and those imported later. Idempotent."""
+    if not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
+    for name in ROUTES:
+        if name in sys.modules:
+            _patch(sys.modules[name])
+
+
+# --- Horovod, TensorFlow ------------------------------------------------------------------------
+def tf_allreduce() -> Callable:
+    """``horovod.tensorflow.mpi_ops._allreduce``: the bare op (no averaging, no name scope)."""
+    from horovod.tensorflow import mpi_ops
+
+    return _require("horovod", mpi_ops, "_allreduce")
+
+
+def is_tf1_optimizer(optimizer: Any) -> bool:
+    """Whether Horovod's TF ``DistributedOptimizer`` treats ``optimizer`` as a TF1 optimizer."""
+    import horovod.tensorflow as hvd
+
+    return isinstance(optimizer, _require("horovod", hvd, "_LegacyOptimizer"))
+
+
+def combine_gradients_with(wrapper: Any, reduce_grads: Callable) -> None:
+    """Make Horovod's ``DistributedGradientTape`` or TF1 ``DistributedOptimizer`` ``wrapper``
+    combine gradients with ``reduce_grads`` (Horovod's signature), everything else Horovod's."""
+    _require("horovod", wrapper, "_allreduce_grads")
+    wrapper._allreduce_grads = reduce_grads
+    helper = getattr(wrapper, "_agg_helper", None)  # the TF1 optimizer's, accumulating passes
+    if helper is not None:
+        _require("horovod", helper, "_allreduce_grads")
+        helper._allreduce_grads = reduce_grads
+
+
+# --- Horovod, PyTorch ---------------------------------------------------------------------------
+def treated_as_horovods_optimizer(cls: type) -> type:
+    """``cls``, presented as Horovod's optimizer wrapper: ``hvd.broadcast_optimizer_state`` then
+    steps the wrapped optimizer without communicating, as it does for Horovod's own."""
+    check_version("horovod")
+    cls.__module__ = original("horovod.torch", "DistributedOptimizer").__module__
+    return cls
+
+
+# --- TensorFlow's TF1 optimizers ----------------------------------------------------------------
+# name of the setting -> the private attribute that holds it
+TF1_SETTINGS = {"momentum": "_momentum", "nesterov": "_use_nesterov", "beta1": "_beta1"}
+
+
+def tf1_setting(optimizer: Any, setting: str) -> Any:
+    """A TF1 ``tf.compat.v1.train`` optimizer's ``setting`` (``TF1_SETTINGS``)."""
+    return _require("tensorflow", optimizer, TF1_SETTINGS[setting])
+
+
+def set_tf1_setting(optimizer: Any, setting: str, value: Any) -> None:
+    """Change it before the optimizer first applies gradients (when it reads it)."""
+    _require("tensorflow", optimizer, TF1_SETTINGS[setting])
+    setattr(optimizer, TF1_SETTINGS[setting], value)
+
+
+# --- Keras --------------------------------------------------------------------------------------
+def keras_auto_jit_off_for(predicate: Callable[[Any], bool]) -> None:
+    """Make Keras's ``jit_compile='auto'`` choose ``False`` for a model whose optimizer satisfies
+    ``predicate`` (Keras 3 chooses XLA on CPU too). Idempotent."""
+    from keras.src.trainers import trainer
+
+    trainer_class = _require("keras", trainer, "Trainer")
+    resolve = _require("keras", trainer_class, "_resolve_auto_jit_compile")
+    if getattr(resolve, "_grace", False):
+        return
+
+    def _resolve_auto_jit_compile(self):
+        if predicate(getattr(self, "optimizer", None)):
+            return False
+        return resolve(self)
+
+    _resolve_auto_jit_compile._grace = True
+    trainer_class._resolve_auto_jit_compile = _resolve_auto_jit_compile
