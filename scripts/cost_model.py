@@ -1,0 +1,319 @@
+"""A cost model of one training step's exchange, for the cluster sizes this machine cannot run.
+
+Per collective, an α-β model as Horovod runs them over Gloo or MPI on a full-duplex link of
+``rate`` per host (α: a collective round's latency, β: the link's bytes per second), for one
+worker per host and n hosts:
+
+- **allreduce** (ring: reduce-scatter then all-gather) of B bytes: each worker sends and receives
+  ``2 (n-1)/n · B`` in ``2 (n-1)`` hops: ``2 (n-1) α + 2 (n-1)/n · B / β``. Its bytes stay flat in n.
+- **allgather** (ring) of P bytes per worker: each worker sends and receives ``(n-1) · P`` in
+  ``n-1`` hops: ``(n-1) α + (n-1) P / β``. Its bytes grow with n.
+- **all-to-all + all-gather** (the two-stage exchange of issue 16: shards to their owners, each
+  owner re-compresses its shard, the shards gathered): ``2 (n-1)/n · P`` per worker in
+  ``2 (n-1)`` hops, flat in n like the ring allreduce.
+
+A step is the compute, the compression (encode once; decode once after an allreduce, once per
+worker's payload after an allgather, about twice after the two stages, whose owners also
+re-encode a shard), and the collectives one after another (the exchange workload has no backward
+pass to overlap with). The inputs are measured, not assumed: each compressor's payload and its
+encode/decode times on ResNet-50's gradients come from ``make bench`` (``--bench``), the number
+of collectives per step from grace's own buckets and rounds, the compute time and α from the
+emulated cluster (``--validate``).
+
+    .venv/bin/python scripts/cost_model.py --out docs/results/model        # tables and plots
+    .venv/bin/python scripts/cost_model.py --validate docs/results/onepass/exchange-torch.json
+
+``--validate`` sets the model against measured runs of ``compare.py`` (the exchange workload,
+their workers, link rate, compute and payload): predicted and measured step time and bytes on
+each host's link, side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import workloads  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "docs", "performance", "bench.json")
+RATES = {"100mbit": 100e6 / 8, "1gbit": 1e9 / 8, "10gbit": 10e9 / 8, "100gbit": 100e9 / 8}
+# A collective round's latency: Horovod's negotiation cycle (HOROVOD_CYCLE_TIME, 1 ms by
+# default in 0.28: a collective waits for the next cycle) and a TCP hop. Fitted on the emulated
+# cluster by --validate (its residual is printed); a default for the sizes beyond it.
+ALPHA_S = 1e-3
+HOP_S = 50e-6
+COMMUNICATORS = ("allreduce", "allgather", "alltoall")
+# Horovod's own control traffic on a host's link (sent + received), per second of training: the
+# coordinator's negotiation every cycle. Measured on the emulated cluster, 2 workers, 1 ms cycle
+# (eth0's counters less the payloads, docs/results/onepass: 0.47-0.73 MB/s over six runs).
+CONTROL_BYTES_PER_S = 0.6e6
+
+
+@dataclass
+class Codec:
+    """What the model needs of a compressor on the workload: bytes each worker puts into the
+    exchange per step, seconds to encode them and to decode one payload, and its rounds."""
+
+    name: str
+    payload: float
+    encode_s: float
+    decode_s: float
+    communicator: str  # its own: "allreduce" (summable payloads) or "allgather"
+    rounds: int = 1
+
+
+def collective(kind: str, n: int, nbytes: float, rate: float, alpha: float = ALPHA_S,
+               hop: float = HOP_S) -> tuple[float, float]:
+    """(seconds, bytes each worker sends, equal to what it receives) of one collective of
+    ``nbytes`` per worker among ``n`` workers on links of ``rate`` bytes/s."""
+    if n < 2:
+        return 0.0, 0.0
+    if kind == "allreduce":
+        sent, hops = 2 * (n - 1) / n * nbytes, 2 * (n - 1)
+    elif kind == "allgather":
+        sent, hops = (n - 1) * nbytes, n - 1
+    elif kind == "alltoall":  # all-to-all of the shards, then all-gather of the re-encoded ones
+        sent, hops = 2 * (n - 1) / n * nbytes, 2 * (n - 1)
+    else:
+        raise ValueError(f"kind must be one of {', '.join(COMMUNICATORS)}, got {kind!r}")
+    return alpha + hops * hop + sent / rate, sent
+
+
+def step(codec: Codec, kind: str, n: int, rate: float, compute_s: float, collectives: int,
+         alpha: float = ALPHA_S) -> dict:
+    """A step's predicted time and bytes per worker with ``codec`` exchanged by ``kind``, in
+    ``collectives`` collectives per round (the buckets)."""
+    seconds = sent = 0.0
+    for _ in range(codec.rounds):
+        for _ in range(collectives):
+            t, b = collective(kind, n, codec.payload / (collectives * codec.rounds), rate, alpha)
+            seconds, sent = seconds + t, sent + b
+    if kind == "allreduce":
+        coding = codec.encode_s + codec.decode_s
+    elif kind == "allgather":
+        coding = codec.encode_s + n * codec.decode_s
+    else:  # decode the n shards (one payload's worth), re-encode one, decode the n re-encoded
+        coding = codec.encode_s * (1 + 1 / n) + 2 * codec.decode_s
+    if n < 2:
+        coding = 0.0
+    return {"step_s": compute_s + coding + seconds, "exchange_s": seconds, "coding_s": coding,
+            "sent_bytes": sent, "link_bytes": 2 * sent}
+
+
+def collectives_per_round(name: str) -> int:
+    """How many collectives a round of the exchange workload takes: grace's buckets of
+    ResNet-50's gradients (``bucket_bytes``' default), dense and compressed alike."""
+    import grace
+    from grace.backends.numpy_ops import NumpyOps
+
+    shapes = [(s, "float32") for _, s in reversed(workloads.resnet50_shapes())]
+    pipeline = grace.build("none" if name == "fp32" else name)
+    return len(pipeline.buckets(shapes, NumpyOps()))
+
+
+def codecs(bench_path: str = BENCH) -> dict[str, Codec]:
+    """Every compressor's ``Codec`` on ResNet-50's gradients from ``make bench``'s JSON (PyTorch,
+    CPU, one thread), and Horovod's dense fp32 allreduce."""
+    import grace
+
+    with open(bench_path) as f:
+        rows = json.load(f)["catalogue"]
+    numel = sum(math.prod(s) for _, s in workloads.resnet50_shapes())
+    out = {"fp32": Codec("fp32", 4.0 * numel, 0.0, 0.0, "allreduce")}
+    for row in rows:
+        if row.get("framework") != "torch" or row.get("case") != "resnet50" or row.get("device") != "cpu":
+            continue
+        name = row["compressor"]
+        pipeline = grace.build(name)
+        out[name] = Codec(name, row["payload_bytes"], row["compress_s"], row["decompress_s"],
+                          pipeline.communicator.name,
+                          pipeline.compressor.rounds)
+    return out
+
+
+def alltoall_valid(codec: Codec) -> bool:
+    """The two-stage exchange needs a compressor that can encode a shard on its own; a summable
+    payload (allreduce) is flat already (PowerSGD, random-k)."""
+    return codec.communicator == "allgather"
+
+
+def predict(codec_map: dict[str, Codec], sizes, rates, compute_s: float) -> list[dict]:
+    rows = []
+    for name, codec in codec_map.items():
+        count = collectives_per_round(name)
+        kinds = [codec.communicator] + (["alltoall"] if alltoall_valid(codec) else [])
+        for rate_name in rates:
+            for kind in kinds:
+                for n in sizes:
+                    r = step(codec, kind, n, RATES[rate_name], compute_s, count)
+                    rows.append({"compressor": name, "communicator": kind, "rate": rate_name,
+                                 "workers": n, **r})
+    return rows
+
+
+# --- validation against the emulated cluster -----------------------------------------------------
+def validate(paths: list[str], codec_map: dict[str, Codec]) -> list[dict]:
+    """Each measured exchange run against the model given its own compute time, compression time
+    and payload (so that what is checked is the exchange's model): step time and bytes on the
+    host's link (eth0, sent + received)."""
+    out = []
+    for path in paths:
+        with open(path) as f:
+            runs = json.load(f)
+        for run in runs:
+            if run.get("status") != "ok" or run.get("workload") != "exchange" or run["rate"] not in RATES:
+                continue
+            spec = run["compression"]
+            name = spec if spec in ("fp32", "hvd-fp16") else json.loads(spec)["compressor"]
+            if name not in codec_map:
+                continue
+            base = codec_map[name]
+            n = run["workers"]
+            # The run's own payload and coding time: its compression_s times encode and n decodes.
+            codec = Codec(name, run["bytes_per_step"], 0.0, 0.0, base.communicator, base.rounds)
+            predicted = step(codec, base.communicator, n, RATES[run["rate"]], 0.0,
+                             collectives_per_round(name))
+            measured_exchange = run["step_s"] - run["compute_s"] - run["compression_s"]
+            row = {"source": os.path.relpath(path, ROOT), "compressor": name, "rate": run["rate"],
+                   "workers": n, "measured_step_ms": 1e3 * run["step_s"],
+                   "predicted_step_ms": 1e3 * (run["step_s"] - measured_exchange
+                                               + predicted["exchange_s"]),
+                   "measured_exchange_ms": 1e3 * measured_exchange,
+                   "predicted_exchange_ms": 1e3 * predicted["exchange_s"]}
+            row["step_error"] = row["predicted_step_ms"] / row["measured_step_ms"] - 1
+            if run.get("wire_bytes_per_step"):
+                row["measured_link_bytes"] = run["wire_bytes_per_step"]
+                row["predicted_link_bytes"] = predicted["link_bytes"] + CONTROL_BYTES_PER_S * run["step_s"]
+                row["bytes_error"] = row["predicted_link_bytes"] / run["wire_bytes_per_step"] - 1
+            out.append(row)
+    return out
+
+
+def validation_table(rows: list[dict]) -> str:
+    lines = ["| run | compressor | rate | workers | step ms measured | predicted | error | "
+             "link MB measured | predicted | error |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        link = (f"{r['measured_link_bytes'] / 1e6:.2f} | {r['predicted_link_bytes'] / 1e6:.2f} | "
+                f"{100 * r['bytes_error']:+.1f}%") if "bytes_error" in r else "– | – | –"
+        lines.append(f"| {r['source']} | {r['compressor']} | {r['rate']} | {r['workers']} | "
+                     f"{r['measured_step_ms']:.0f} | {r['predicted_step_ms']:.0f} | "
+                     f"{100 * r['step_error']:+.0f}% | {link} |")
+    return "\n".join(lines)
+
+
+# --- tables and plots ---------------------------------------------------------------------------
+def speedup_table(rows: list[dict], sizes, rates) -> str:
+    """Step time of fp32 over each compressor's best route, per rate and size."""
+    by = {(r["compressor"], r["communicator"], r["rate"], r["workers"]): r for r in rows}
+    names = sorted({r["compressor"] for r in rows} - {"fp32"})
+    lines = []
+    for rate in rates:
+        lines += [f"\n#### {rate}: fp32 step time / compressor's step time (best route; "
+                  "a = all-to-all + all-gather wins)",
+                  "| compressor | " + " | ".join(f"n={n}" for n in sizes) + " |",
+                  "|---|" + "---:|" * len(sizes)]
+        for name in names:
+            cells = []
+            for n in sizes:
+                dense = by[("fp32", "allreduce", rate, n)]["step_s"]
+                options = [(by[k]["step_s"], k[1]) for k in by
+                           if k[0] == name and k[2] == rate and k[3] == n]
+                best, kind = min(options)
+                cells.append(f"{dense / best:.2f}{' a' if kind == 'alltoall' else ''}")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines).lstrip("\n")
+
+
+def plot(rows: list[dict], rates, path: str) -> None:
+    """Small multiples: one panel per compressor, step time against workers, a line per rate and
+    route (solid: the compressor's own communicator; dashed: all-to-all), fp32 in grey."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({r["compressor"] for r in rows} - {"fp32"})
+    cols = 6
+    lines_ = -(-len(names) // cols)
+    fig, axes = plt.subplots(lines_, cols, figsize=(3.0 * cols, 2.6 * lines_), sharex=True,
+                             sharey=True, squeeze=False)
+    colors = {"1gbit": "tab:red", "10gbit": "tab:blue", "100gbit": "tab:green", "100mbit": "tab:purple"}
+    markers = {"1gbit": "o", "10gbit": "s", "100gbit": "^", "100mbit": "D"}
+    for ax, name in zip(axes.flat, names):
+        for rate in rates:
+            dense = [r for r in rows if r["compressor"] == "fp32" and r["rate"] == rate]
+            ax.plot([r["workers"] for r in dense], [r["step_s"] for r in dense], color="0.75",
+                    lw=2, zorder=1)
+            for kind, style in (("allgather", "-"), ("allreduce", "-"), ("alltoall", "--")):
+                mine = [r for r in rows if r["compressor"] == name and r["rate"] == rate
+                        and r["communicator"] == kind]
+                if mine:
+                    ax.plot([r["workers"] for r in mine], [r["step_s"] for r in mine], style,
+                            color=colors[rate], marker=markers[rate], ms=3, lw=1.2,
+                            label=f"{rate} {'all-to-all' if kind == 'alltoall' else 'own route'}")
+        ax.set_title(name, fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(names):]:
+        ax.axis("off")
+    handles, labels = [], []
+    for ax in axes.flat:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    fig.legend(handles + [plt.Line2D([], [], color="0.75", lw=2)], labels + ["fp32 allreduce (grey)"],
+               loc="upper right", ncol=4, fontsize=8)
+    fig.supxlabel("workers (one per host)")
+    fig.supylabel("predicted step time, s")
+    fig.suptitle("ResNet-50's exchange, modelled: step time against workers")
+    fig.tight_layout(rect=(0, 0, 1, 0.92))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--bench", default=BENCH, help="make bench's JSON (codec costs, payloads)")
+    parser.add_argument("--rates", default="1gbit,10gbit,100gbit")
+    parser.add_argument("--sizes", default="2,4,8,16,32,64,128,256,512,1024")
+    parser.add_argument("--compute-ms", type=float, default=0.0,
+                        help="compute per step (default 0: the exchange alone)")
+    parser.add_argument("--validate", nargs="*", default=[], metavar="RESULTS_JSON",
+                        help="compare.py results of the exchange workload to set the model against")
+    parser.add_argument("--out", default=None, help="folder for model.md, model.json, model.png")
+    args = parser.parse_args(argv)
+    rates = [r for r in args.rates.split(",") if r]
+    for rate in rates:
+        if rate not in RATES:
+            parser.error(f"--rates: {rate!r} is not one of {', '.join(RATES)}")
+    sizes = [int(n) for n in args.sizes.split(",")]
+    codec_map = codecs(args.bench)
+    report = []
+    if args.validate:
+        checked = validate(args.validate, codec_map)
+        report += ["### The model against the emulated cluster", validation_table(checked), ""]
+    rows = predict(codec_map, sizes, rates, args.compute_ms / 1e3)
+    report += ["### Predicted speed-up over Horovod's fp32 allreduce", speedup_table(rows, sizes, rates)]
+    text = "\n".join(report)
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "model.md"), "w") as f:
+            f.write(text + "\n")
+        with open(os.path.join(args.out, "model.json"), "w") as f:
+            json.dump({"predicted": rows, "validated": checked if args.validate else []}, f, indent=1)
+        plot(rows, rates, os.path.join(args.out, "model.png"))
+    return rows
+
+
+if __name__ == "__main__":
+    main()
