@@ -287,6 +287,9 @@ def main(argv=None):
     parser.add_argument("--sizes", default="2,4,8,16,32,64,128,256,512,1024")
     parser.add_argument("--compute-ms", type=float, default=0.0,
                         help="compute per step (default 0: the exchange alone)")
+    parser.add_argument("--codec-speedup", type=float, default=1.0,
+                        help="divide the measured encode/decode times (one CPU thread) by this: "
+                             "e.g. 20 for a GPU's kernels")
     parser.add_argument("--validate", nargs="*", default=[], metavar="RESULTS_JSON",
                         help="compare.py results of the exchange workload to set the model against")
     parser.add_argument("--out", default=None, help="folder for model.md, model.json, model.png")
@@ -297,6 +300,9 @@ def main(argv=None):
             parser.error(f"--rates: {rate!r} is not one of {', '.join(RATES)}")
     sizes = [int(n) for n in args.sizes.split(",")]
     codec_map = codecs(args.bench)
+    for codec in codec_map.values():
+        codec.encode_s /= args.codec_speedup
+        codec.decode_s /= args.codec_speedup
     report = []
     if args.validate:
         checked = validate(args.validate, codec_map)
