@@ -32,6 +32,48 @@ INT32_MAX = 2**31 - 1
 INDEX_BYTES = {"int32": 4, "int64": 8}
 
 
+SAMPLED_TOPK_MIN = 1 << 18
+"""From this many elements, ``Ops.topk_indices`` selects among the candidates above a threshold
+estimated on a sample instead of ranking the whole tensor (measured: 3-6 times faster on the CPU
+for 1% of 2.4 M elements)."""
+SAMPLED_TOPK_MARGINS = (1.3, 3.0)
+"""How many times k candidates the sampled threshold aims at: first 1.3 k, and should fewer than k
+pass, 3 k; then the full ranking."""
+SAMPLE_SIZE = 65536
+"""About how many elements the strided sample holds."""
+
+
+def sampled_topk_indices(ops: "Ops", x: Tensor, k: int, n: int) -> Tensor:
+    """The exact top-k of the 1-d ``x`` (``n`` elements) by magnitude, ascending: a threshold
+    ``t`` from a strided sample of ``|x|`` aims at ``SAMPLED_TOPK_MARGINS[0]`` k candidates with
+    ``|x| >= t``, and the k largest of those are ranked. Any ``t > 0`` that keeps at least k
+    candidates gives the exact answer (every element left out is smaller than every candidate);
+    with too few the next margin is tried, and then ``full_topk_indices``."""
+    stride = max(1, n // SAMPLE_SIZE)
+    sample = ops.abs(ops.strided(x, stride))
+    size = -(-n // stride)
+    index_type = index_dtype(n)
+
+    def attempt(margins: Sequence[float]) -> Tensor:
+        if not margins:
+            return ops.full_topk_indices(x, k)
+        rank = min(size - 1, int(size * k * margins[0] / n))
+        threshold = ops.order_statistics(sample, [size - rank - 1])
+
+        def among_candidates():
+            candidates = ops.indices_at_least(x, threshold)
+
+            def ranked():
+                chosen = ops.full_topk_indices(ops.gather(x, candidates), k)
+                return ops.cast(ops.gather(candidates, chosen), index_type)  # candidates ascend
+
+            return ops.cond(ops.size(candidates) >= k, ranked, lambda: attempt(margins[1:]))
+
+        return ops.cond(threshold > 0, among_candidates, lambda: attempt(margins[1:]))
+
+    return attempt(SAMPLED_TOPK_MARGINS)
+
+
 def index_dtype(numel: int) -> str:
     """The narrowest index dtype that addresses ``numel`` elements: int32, int64 past 2**31."""
     return "int32" if numel <= INT32_MAX else "int64"
@@ -103,6 +145,14 @@ class Ops(ABC):
         tensors in a traced graph)."""
 
     @abstractmethod
+    def strided(self, x: Tensor, stride: int) -> Tensor:
+        """Every ``stride``-th element of the 1-d ``x``, from the first (``x[::stride]``)."""
+
+    def static_numel(self, x: Tensor) -> int | None:
+        """The element count when it is known before a traced graph runs, else ``None``."""
+        return self.numel(x)
+
+    @abstractmethod
     def to_bytes(self, x: Tensor) -> Tensor:
         """The bytes of ``x``, as a 1-d uint8 tensor (native byte order), so that payload tensors of
         any dtypes travel in one buffer."""
@@ -127,11 +177,22 @@ class Ops(ABC):
     def abs(self, x: Tensor) -> Tensor: ...
 
     # --- selection -----------------------------------------------------------------------------
-    @abstractmethod
     def topk_indices(self, x: Tensor, k: int) -> Tensor:
         """Indices (of ``index_dtype(numel)``, ascending) of the ``k`` entries of 1-d ``x`` with
         the largest magnitude. Ascending, so that gathering them and scattering into them walk
-        memory forwards: measured 7 times faster than in random order for 2.4 M elements."""
+        memory forwards: measured 7 times faster than in random order for 2.4 M elements.
+
+        From ``SAMPLED_TOPK_MIN`` elements (k at most an eighth of them) the exact top-k is found
+        among candidates above a threshold estimated on a strided sample (``sampled_topk_indices``),
+        in every adapter alike; else by ``full_topk_indices``."""
+        n = self.static_numel(x)
+        if n is None or n < SAMPLED_TOPK_MIN or k * 8 > n:
+            return self.full_topk_indices(x, k)
+        return sampled_topk_indices(self, x, k, n)
+
+    @abstractmethod
+    def full_topk_indices(self, x: Tensor, k: int) -> Tensor:
+        """``topk_indices`` by ranking every element (the framework's own top-k)."""
 
     @abstractmethod
     def gather(self, x: Tensor, indices: Tensor) -> Tensor:

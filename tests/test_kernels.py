@@ -10,11 +10,12 @@ import torch
 
 import grace
 from frameworks.torch import ops as torch_ops
+from grace import ops as grace_ops
 from grace.backends.numpy_ops import NumpyOps
 
 TORCH = torch_ops.TorchOps()
 NUMPY = NumpyOps()
-N = torch_ops.SAMPLED_TOPK_MIN * 2 + 123  # above every fast-path threshold, not a multiple of 8
+N = grace_ops.SAMPLED_TOPK_MIN * 2 + 123  # above every fast-path threshold, not a multiple of 8
 
 
 def magnitudes(x: torch.Tensor, indices) -> np.ndarray:
@@ -53,6 +54,39 @@ def test_sampled_top_k_is_the_exact_top_k(kind, ratio):
     in_graph = tf.function(lambda t: tf_ops().topk_indices(t, k))(tf.constant(x.numpy())).numpy()
     assert in_graph.dtype == np.int32 and len(np.unique(in_graph)) == k
     np.testing.assert_array_equal(magnitudes(x, in_graph), expected)
+    reference = NUMPY.topk_indices(x.numpy(), k)  # the same composite over numpy
+    assert reference.dtype == np.int32 and len(np.unique(reference)) == k
+    np.testing.assert_array_equal(magnitudes(x, reference), expected)
+    if kind in ("gaussian", "spike"):  # distinct magnitudes: one answer, the same indices everywhere
+        np.testing.assert_array_equal(chosen.numpy(), in_graph)
+        np.testing.assert_array_equal(chosen.numpy(), reference)
+
+
+def test_a_threshold_that_keeps_too_few_tries_the_next_margin(monkeypatch):
+    """A sample that overestimates the threshold (its stride lands on large values only) keeps fewer
+    than k candidates at the first margin; the next margin, then the full ranking, still give the
+    exact top-k, in every adapter."""
+    n = grace_ops.SAMPLED_TOPK_MIN * 4
+    stride = n // grace_ops.SAMPLE_SIZE
+    x = np.ones(n, np.float32)
+    x[::stride] = 10.0  # every sampled element is 10
+    k = n // 10  # more than the n / stride 10s: the threshold 10 keeps too few
+    tried = []
+    original = NumpyOps.indices_at_least
+
+    def counting(self, values, threshold):
+        tried.append(float(np.reshape(threshold, -1)[0]))
+        return original(self, values, threshold)
+
+    monkeypatch.setattr(NumpyOps, "indices_at_least", counting)
+    chosen = NUMPY.topk_indices(x, k)
+    assert tried == [10.0, 10.0]  # both margins rank inside the sample's 10s
+    assert len(np.unique(chosen)) == k and (x[chosen] == 10.0).sum() == n // stride
+    import tensorflow as tf
+
+    for ops, cast in ((TORCH, torch.from_numpy), (tf_ops(), tf.constant)):
+        got = np.asarray(ops.topk_indices(cast(x), k))
+        assert len(np.unique(got)) == k and (x[got] == 10.0).sum() == n // stride
 
 
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])

@@ -13,8 +13,6 @@ from grace import native
 from grace.ops import Ops, draw_indices, draw_uniform, host_row_sums, index_dtype
 from grace.sparse import RowStore
 
-SAMPLED_TOPK_MIN = 1 << 18  # as in frameworks/torch/ops.py
-
 NATIVE_MIN = 1 << 18
 """From this many elements the TensorFlow adapter runs grace/native's loops. A
 ``tf.numpy_function`` call costs tens of microseconds, which TensorFlow's own kernels beat on
@@ -28,30 +26,6 @@ faster than ``tf.gather`` on the CPU: 250 K of 25 M, about 2.5-5 ms against 7.5 
 # Build (or load) grace/native now: a first use inside a traced function would have AutoGraph try
 # to convert the build's file-system calls.
 native.available()
-
-
-def _sampled_topk(x, k: int, n: int, index_type: str):
-    """The exact top-k by magnitude via candidates above a threshold estimated from a strided
-    sample (see frameworks/torch/ops.py); the full top_k if the estimate keeps fewer than k."""
-    stride = max(1, n // 65536)
-    sample = tf.abs(x[::stride])
-    size = int(sample.shape[0])
-    rank = min(size - 1, int(size * k * 1.3 / n))
-    threshold = tf.math.top_k(sample, rank + 1, sorted=True).values[rank]
-    if x.dtype == tf.float32 and native.available():
-        candidates = TensorFlowOps().indices_at_least(x, threshold)
-    else:
-        candidates = tf.reshape(tf.where(tf.logical_or(x >= threshold, x <= -threshold)), [-1])
-
-    def among_candidates():
-        chosen = tf.math.top_k(tf.abs(tf.gather(x, candidates)), k, sorted=False).indices
-        return tf.cast(tf.gather(candidates, _ascending(chosen, tf.size(candidates))), index_type)
-
-    def full():
-        return _top_k(x, k, n, index_type)
-
-    enough = tf.logical_and(tf.size(candidates) >= k, threshold > 0)
-    return tf.cond(enough, among_candidates, full)
 
 
 def _ascending(positions, n):
@@ -137,6 +111,9 @@ class TensorFlowOps(Ops):
     def split(self, x, sizes):
         return tf.split(x, sizes if isinstance(sizes, tf.Tensor) else list(sizes))
 
+    def strided(self, x, stride):
+        return x[::stride]
+
     def slice(self, x, start, length):
         def at(v):
             return tf.reshape(tf.cast(v, tf.int64), [1])
@@ -166,12 +143,12 @@ class TensorFlowOps(Ops):
     def abs(self, x):
         return tf.abs(x)
 
-    def topk_indices(self, x, k):
-        n = x.shape.num_elements()  # None for a selection whose size is known only at run time
-        index_type = index_dtype(n) if n is not None else "int32"
-        if n is not None and n >= SAMPLED_TOPK_MIN and k * 8 <= n:
-            return _sampled_topk(x, k, n, index_type)
-        return _top_k(x, k, n, index_type)
+    def static_numel(self, x):
+        return x.shape.num_elements()  # None for a selection whose size is known only at run time
+
+    def full_topk_indices(self, x, k):
+        n = x.shape.num_elements()
+        return _top_k(x, k, n, index_dtype(n) if n is not None else "int32")
 
     def gather(self, x, indices):
         taken = indices.shape.num_elements()

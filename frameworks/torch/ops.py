@@ -10,10 +10,6 @@ import torch
 from grace import native
 from grace.ops import UNIFORM_SCALE, Ops, counter_uniform_bits, index_dtype
 
-SAMPLED_TOPK_MIN = 1 << 18
-"""From this many elements, top-k selects among candidates above a threshold estimated from a
-sample instead of running ``torch.topk`` over the whole tensor."""
-
 
 def _numpy_float(x: torch.Tensor) -> bool:
     """Whether numpy's sort and selection can take ``x`` in place of torch's (a float32 or float64
@@ -28,31 +24,6 @@ def _order_statistics(x: torch.Tensor, ranks) -> torch.Tensor:
         at = np.asarray([int(r) for r in ranks], np.int64)
         return torch.from_numpy(np.partition(x.detach().numpy(), at)[at])
     return torch.stack([torch.kthvalue(x, int(r) + 1).values for r in ranks])
-
-
-def _sampled_topk(x: torch.Tensor, k: int) -> torch.Tensor | None:
-    """The exact top-k by magnitude: a threshold ``t`` from a strided sample of ``|x|`` aims at about
-    1.3 k candidates ``|x| >= t`` (two compares and a nonzero, on bytes), then ``torch.topk`` picks
-    exactly among them. Any ``t`` keeping at least ``k`` candidates gives the exact answer; with too
-    few the estimate is loosened, and ``None`` (use the full sort) after that."""
-    n = x.numel()
-    stride = max(1, n // 65536)
-    sample = x[::stride].abs()
-    for margin in (1.3, 3.0):
-        rank = min(sample.numel() - 1, int(sample.numel() * k * margin / n))
-        threshold = _order_statistics(sample, [sample.numel() - rank - 1])[0]
-        if not bool(threshold > 0):
-            return None
-        if _native(x):
-            candidates = torch.from_numpy(native.indices_at_least(x.detach().numpy(), float(threshold)))
-        else:
-            mask = torch.ge(x, threshold)
-            mask |= torch.le(x, -threshold)
-            candidates = torch.nonzero(mask).reshape(-1)
-        if candidates.numel() >= k:
-            chosen = torch.topk(x[candidates].abs(), k, sorted=False).indices
-            return candidates[_ascending(chosen, candidates.numel())]  # candidates ascend
-    return None
 
 
 def _ascending(positions: torch.Tensor, n: int) -> torch.Tensor:
@@ -146,6 +117,9 @@ class TorchOps(Ops):
         start = int(start)
         return x[start:start + int(length)]
 
+    def strided(self, x, stride):
+        return x[::stride]
+
     def to_bytes(self, x):
         if x.numel() == 0:  # an empty tensor may have any strides, which view refuses
             return torch.empty(0, dtype=torch.uint8, device=x.device)
@@ -169,14 +143,9 @@ class TorchOps(Ops):
     def abs(self, x):
         return x.abs()
 
-    def topk_indices(self, x, k):
+    def full_topk_indices(self, x, k):
         n = x.numel()
-        indices = None
-        if n >= SAMPLED_TOPK_MIN and k * 8 <= n:
-            indices = _sampled_topk(x, k)
-        if indices is None:
-            indices = _ascending(torch.topk(x.abs(), k, sorted=False).indices, n)
-        return indices.to(_dtype(index_dtype(n)))
+        return _ascending(torch.topk(x.abs(), k, sorted=False).indices, n).to(_dtype(index_dtype(n)))
 
     def gather(self, x, indices):
         return torch.index_select(x, 0, indices)

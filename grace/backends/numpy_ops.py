@@ -51,6 +51,9 @@ class NumpyOps(Ops):
         start = int(start)
         return np.asarray(x)[start:start + int(length)]
 
+    def strided(self, x, stride):
+        return np.asarray(x)[::stride]
+
     def to_bytes(self, x):
         return np.ascontiguousarray(x).reshape(-1).view(np.uint8)
 
@@ -71,7 +74,7 @@ class NumpyOps(Ops):
     def abs(self, x):
         return np.abs(x)
 
-    def topk_indices(self, x, k):
+    def full_topk_indices(self, x, k):
         n = x.shape[0]
         idx = np.sort(np.argpartition(np.abs(x), n - k)[n - k:]) if k < n else np.arange(n)
         return idx.astype(index_dtype(n))
