@@ -682,7 +682,7 @@ def draw_uniform(n: int, seed: int):
     is built, else numpy; the same numbers either way."""
     from grace import native
 
-    if n >= native.MIN_NUMEL and native.available():
+    if native.worth_running(n, []):
         return native.uniform(n, seed)
     return reference_uniform(n, seed)
 

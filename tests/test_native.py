@@ -313,3 +313,18 @@ def test_scatter_add_adds_repeats_and_refuses_indices_out_of_range():
     assert torch.equal(out, expected)
     with pytest.raises(IndexError, match=f"index {n} is out of range for {n} elements"):
         TORCH.scatter_add(n, torch.tensor([1, n], dtype=torch.int64), torch.ones(2))
+
+
+def test_one_policy_decides_when_a_loop_runs():
+    """``native.worth_running`` is the one place adapters ask: by size (higher where each call
+    crosses into the host), dtype, memory and layout."""
+    n = native.MIN_NUMEL
+    assert native.worth_running(n, ["float32"])
+    assert not native.worth_running(n - 1, ["float32"])
+    assert not native.worth_running(None, ["float32"])  # a size known only when a graph runs
+    assert not native.worth_running(n, ["float32"], crossing=True)
+    assert native.worth_running(native.CROSSING_MIN_NUMEL, ["float32"], crossing=True)
+    assert not native.worth_running(n, ["float64"])
+    assert native.worth_running(n, ["uint8"], accept=("float32", "uint8"))
+    assert not native.worth_running(n, ["float32"], on_host=False)
+    assert not native.worth_running(n, ["float32"], contiguous=False)

@@ -13,11 +13,6 @@ from grace import native
 from grace.ops import Ops, draw_indices, draw_uniform, host_row_sums, index_dtype
 from grace.sparse import RowStore
 
-NATIVE_MIN = 1 << 18
-"""From this many elements the TensorFlow adapter runs grace/native's loops. A
-``tf.numpy_function`` call costs tens of microseconds, which TensorFlow's own kernels beat on
-smaller tensors."""
-
 HOST_GATHER_MIN = 1 << 16
 """From this many indices into a tensor the loops take, ``gather`` runs numpy's ``take`` (1.5-3 times
 faster than ``tf.gather`` on the CPU: 250 K of 25 M, about 2.5-5 ms against 7.5 ms); for fewer, the
@@ -45,9 +40,8 @@ def _top_k(x, k: int, n, index_type: str):
 def _native(*tensors) -> bool:
     """Whether grace/native's loops can take these tensors (float32, a static size large enough
     to be worth a call, the library built). They run in ``tf.numpy_function``, on host memory."""
-    n = tensors[0].shape.num_elements()
-    return (n is not None and n >= NATIVE_MIN and all(t.dtype == tf.float32 for t in tensors)
-            and native.available())
+    return native.worth_running(tensors[0].shape.num_elements(), [t.dtype.name for t in tensors],
+                                crossing=True)
 
 
 def _host(fn, inputs, dtypes, shapes):
@@ -157,7 +151,7 @@ class TensorFlowOps(Ops):
         return tf.gather(x, indices)
 
     def scatter_add(self, n, indices, values):
-        if n >= NATIVE_MIN and values.dtype == tf.float32 and native.available():
+        if native.worth_running(n, [values.dtype.name], crossing=True):
             return _host(lambda i, v: native.scatter_add(n, i, v), [indices, values], tf.float32, [n])
         return tf.math.unsorted_segment_sum(values, indices, n)
 
@@ -365,8 +359,8 @@ class TensorFlowOps(Ops):
         first = inputs[0]
         # Where the first input's size is known only at run time, the output's (``n``) decides.
         n = params.get("n", first.shape.num_elements())
-        if not (n is not None and n >= NATIVE_MIN and first.dtype in (tf.float32, tf.uint8)
-                and native.available()):
+        if not native.worth_running(n, [first.dtype.name], crossing=True,
+                                    accept=("float32", "uint8")):
             return None
         specs = native.FUSED[kernel][1](*[tuple(t.shape.as_list()) for t in inputs], **params)
 

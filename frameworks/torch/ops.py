@@ -58,11 +58,13 @@ def _dtype(name: str) -> torch.dtype:
 def _native(*tensors: torch.Tensor) -> bool:
     """Whether grace/native's loops can take these tensors: float32 on the CPU, contiguous, large
     enough to be worth a call, and the library built."""
-    first = tensors[0]
-    return (first.numel() >= native.MIN_NUMEL
-            and all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous()
-                    for t in tensors)
-            and native.available())
+    return native.worth_running(tensors[0].numel(), [_name(t) for t in tensors],
+                                on_host=all(t.device.type == "cpu" for t in tensors),
+                                contiguous=all(t.is_contiguous() for t in tensors))
+
+
+def _name(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
 
 
 def _scalar(value: float, dtype: torch.dtype) -> torch.Tensor:
@@ -151,8 +153,7 @@ class TorchOps(Ops):
         return torch.index_select(x, 0, indices)
 
     def scatter_add(self, n, indices, values):
-        if (n >= native.MIN_NUMEL and values.device.type == "cpu" and values.dtype == torch.float32
-                and native.available()):
+        if native.worth_running(n, [_name(values)], on_host=values.device.type == "cpu"):
             # Zeros from fresh pages (no pass to clear them), then one loop over the values.
             return torch.from_numpy(native.scatter_add(n, indices.numpy(), values.detach().numpy()))
         out = torch.zeros(n, dtype=values.dtype, device=values.device)
@@ -338,9 +339,9 @@ class TorchOps(Ops):
 
     def fused(self, kernel, *inputs, seed=None, **params):
         first = inputs[0]
-        if not (params.get("n", first.numel()) >= native.MIN_NUMEL
-                and first.dtype in (torch.float32, torch.uint8)
-                and all(t.device.type == "cpu" for t in inputs) and native.available()):
+        if not native.worth_running(params.get("n", first.numel()), [_name(first)],
+                                    on_host=all(t.device.type == "cpu" for t in inputs),
+                                    accept=("float32", "uint8")):
             return None
         outputs = native.run_fused(kernel, [t.detach().numpy() for t in inputs],
                                    None if seed is None else seed[0](int(seed[1])), **params)
@@ -348,7 +349,7 @@ class TorchOps(Ops):
 
     def random_uniform(self, n, seed_of, step, like):
         seed = seed_of(int(step))
-        if like.device.type == "cpu" and n >= native.MIN_NUMEL and native.available():
+        if native.worth_running(n, [], on_host=like.device.type == "cpu"):
             return torch.from_numpy(native.uniform(n, seed))
         if like.device.type != "cpu":
             # The same counter-based draws, computed where the tensor lives (no host transfer).

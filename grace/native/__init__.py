@@ -35,6 +35,24 @@ import numpy as np
 MIN_NUMEL = 1 << 12
 """Adapters use the kernels from this many elements; below it the composite code costs as little."""
 
+CROSSING_MIN_NUMEL = 1 << 18
+"""The same for an adapter whose every call crosses into the host at a fixed cost (TensorFlow's
+``tf.numpy_function``: tens of microseconds, which its own kernels beat on smaller tensors)."""
+
+KERNEL_DTYPES = ("float32",)
+"""What the loops read; the fused encoders and decoders also take their packed ``uint8`` input."""
+
+
+def worth_running(numel: int | None, dtypes, on_host: bool = True, contiguous: bool = True,
+                  crossing: bool = False, accept: tuple[str, ...] = KERNEL_DTYPES) -> bool:
+    """The one policy that decides, for every adapter, whether a loop runs instead of the
+    composite code: a size known when it is decided, at least ``MIN_NUMEL`` elements
+    (``CROSSING_MIN_NUMEL`` where each call crosses into the host), inputs of the ``accept``
+    dtypes, in host memory and contiguous, and the library built."""
+    threshold = CROSSING_MIN_NUMEL if crossing else MIN_NUMEL
+    return (numel is not None and numel >= threshold and on_host and contiguous
+            and all(d in accept for d in dtypes) and available())
+
 PARALLEL_NUMEL = 1 << 19
 """From this many elements a kernel's range is split between threads."""
 
