@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plots  # noqa: E402
 import workloads  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -264,14 +265,7 @@ def plot(rows: list[dict], rates, path: str) -> None:
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(names):]:
         ax.axis("off")
-    handles, labels = [], []
-    for ax in axes.flat:
-        for h, lab in zip(*ax.get_legend_handles_labels()):
-            if lab not in labels:
-                handles.append(h)
-                labels.append(lab)
-    fig.legend(handles + [plt.Line2D([], [], color="0.75", lw=2)], labels + ["fp32 allreduce (grey)"],
-               loc="upper right", ncol=4, fontsize=8)
+    plots.shared_legend(fig, axes, "fp32 allreduce (grey)", "0.75", 2, ncol=4)
     fig.supxlabel("workers (one per host)")
     fig.supylabel("predicted step time, s")
     fig.suptitle("ResNet-50's exchange, modelled: step time against workers")

@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare  # noqa: E402
+import plots  # noqa: E402
 import workloads  # noqa: E402
 
 from grace.compressors import sign  # noqa: E402
@@ -231,14 +232,7 @@ def plot(rows: list[dict], path: str) -> str | None:
             axes[0][0].set_ylim(max(0.5, low), None)
         else:
             axes[0][0].set_yscale("log")
-        handles, labels = [], []
-        for ax in axes.flat:
-            for h, lab in zip(*ax.get_legend_handles_labels()):
-                if lab not in labels:
-                    handles.append(h)
-                    labels.append(lab)
-        fig.legend(handles + [plt.Line2D([], [], color="0.8", lw=2.5)], labels + ["fp32 (grey)"],
-                   loc="upper right", ncol=len(labels) + 1, fontsize=8)
+        plots.shared_legend(fig, axes, "fp32 (grey)", "0.8", 2.5)
         fig.supxlabel("epoch")
         fig.supylabel(key)
         fig.suptitle(f"{workload}: {key} against epoch, each compressor at its defaults")
