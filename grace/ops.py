@@ -74,6 +74,22 @@ def sampled_topk_indices(ops: "Ops", x: Tensor, k: int, n: int) -> Tensor:
     return attempt(SAMPLED_TOPK_MARGINS)
 
 
+_UNPACK_TABLES: dict = {}
+
+
+def unpack_table(bits: int):
+    """The one byte-to-codes table of every adapter, for ``bits`` dividing 8: row ``b`` (a numpy
+    uint8 array of 256 × ``8 // bits``) holds the codes ``pack_bits`` packed into byte value ``b``,
+    lowest bits first."""
+    if bits not in _UNPACK_TABLES:
+        import numpy as np
+
+        values = np.arange(256, dtype=np.int32).reshape(-1, 1)
+        shifts = np.arange(0, 8, bits, dtype=np.int32)
+        _UNPACK_TABLES[bits] = ((values >> shifts) & ((1 << bits) - 1)).astype(np.uint8)
+    return _UNPACK_TABLES[bits]
+
+
 def index_dtype(numel: int) -> str:
     """The narrowest index dtype that addresses ``numel`` elements: int32, int64 past 2**31."""
     return "int32" if numel <= INT32_MAX else "int64"

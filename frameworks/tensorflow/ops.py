@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from grace import native
-from grace.ops import Ops, draw_indices, draw_uniform, host_row_sums, index_dtype
+from grace.ops import Ops, draw_indices, draw_uniform, host_row_sums, index_dtype, unpack_table
 from grace.sparse import RowStore
 
 HOST_GATHER_MIN = 1 << 16
@@ -55,18 +55,9 @@ def _host(fn, inputs, dtypes, shapes):
     return outputs[0] if single else outputs
 
 
-_TABLES: dict = {}
-
-
 def _unpack_table(bits: int):
-    """Row ``b``: the ``8 // bits`` codes packed in byte value ``b`` (uint8)."""
-    if bits not in _TABLES:
-        import numpy as np
-
-        values = np.arange(256, dtype=np.int32).reshape(-1, 1)
-        shifts = np.arange(0, 8, bits, dtype=np.int32)
-        _TABLES[bits] = ((values >> shifts) & ((1 << bits) - 1)).astype(np.uint8)
-    return tf.constant(_TABLES[bits])
+    """``grace.ops.unpack_table`` as a constant of the graph."""
+    return tf.constant(unpack_table(bits))
 
 
 class TensorFlowOps(Ops):

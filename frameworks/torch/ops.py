@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from grace import native
-from grace.ops import UNIFORM_SCALE, Ops, counter_uniform_bits, index_dtype
+from grace.ops import UNIFORM_SCALE, Ops, counter_uniform_bits, index_dtype, unpack_table
 
 
 def _numpy_float(x: torch.Tensor) -> bool:
@@ -42,12 +42,10 @@ _TABLES: dict = {}
 
 
 def _unpack_table(bits: int, device) -> torch.Tensor:
-    """Row ``b``: the ``8 // bits`` codes packed in byte value ``b``."""
+    """``grace.ops.unpack_table`` on ``device``."""
     key = (bits, str(device))
     if key not in _TABLES:
-        values = torch.arange(256, dtype=torch.int32).reshape(-1, 1)
-        shifts = torch.arange(0, 8, bits, dtype=torch.int32)
-        _TABLES[key] = ((values >> shifts) & ((1 << bits) - 1)).to(torch.uint8).to(device)
+        _TABLES[key] = torch.from_numpy(unpack_table(bits)).to(device)
     return _TABLES[key]
 
 
