@@ -215,7 +215,11 @@ class Pipeline:
         once, or ``None`` when nothing was taken (``adam``: ``found`` is Adam's ``beta_1``, taken
         only by the algorithms that ask for it). See ``grace.momentum``."""
         part = owner(self)
-        if part is None or found.momentum == 0.0 or (adam and not part.takes_adam_beta1):
+        if part is None or (adam and not part.takes_adam_beta1):
+            return None
+        if found.momentum == 0.0:
+            if part.momentum_given is None and not part.keeps_default_momentum:
+                part.momentum = 0.0  # the optimizer as it is: no momentum there, none here
             return None
         self._apply_momentum(part, found)
         return part.takeover_line(found, self.compressor.name)

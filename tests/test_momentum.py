@@ -13,6 +13,8 @@ import reference
 from launch import ROOT, horovodrun
 from test_horovod_torch import check
 
+import grace
+
 WORKER = os.path.join(ROOT, "tests", "workers", "torch_momentum.py")
 M = 0.9
 DENSE_MOMENTUM = {"w": 0.0, "b": M}  # W's momentum is compressed; b travels dense, with it
@@ -110,3 +112,19 @@ def test_two_momenta_are_refused_at_construction_on_every_worker(run, name, mess
     out, _ = run
     for rank in range(2):
         assert message in info(out, name, rank)["error"]
+
+
+def test_an_optimizer_without_momentum_is_taken_as_it_is():
+    """Over a plain SGD, DGC applies no momentum of its own (the user's optimizer, as it is) and
+    logs nothing; signum keeps its beta (its algorithm is a momentum's sign); a momentum given to
+    the compression stays as given."""
+    from grace.momentum import OptimizerMomentum
+
+    plain = OptimizerMomentum(0.0, source="torch.optim.SGD's momentum")
+    dgc = grace.dgc()
+    assert dgc.memory.momentum == 0.9  # what the tape, which sees no optimizer, applies
+    assert dgc.take_momentum(plain) is None and dgc.memory.momentum == 0.0
+    signum = grace.signum()
+    assert signum.take_momentum(plain) is None and signum.compressor.momentum == 0.9
+    given = grace.dgc(momentum=0.5)
+    assert given.take_momentum(plain) is None and given.memory.momentum == 0.5

@@ -101,12 +101,14 @@ class Signum(OwnsMomentum, SignSGD):
     """signum: signSGD applied to momentum. Each worker keeps, per tensor, ``m = beta * m + (1 -
     beta) * g`` and sends ``sign(m)`` (``sign(beta * m + (1 - beta) * g)`` with Nesterov); votes are
     combined by majority. ``beta`` is the wrapped optimizer's momentum, taken over so that it
-    applies once (``grace.momentum``; Adam's ``beta_1`` too), else 0.9. The update is ``±lr`` per
+    applies once (``grace.momentum``; Adam's ``beta_1`` too), else 0.9 (also over an optimizer
+    without momentum). The update is ``±lr`` per
     element whatever the gradient's size: use ``learning_rate()`` (1e-4, ``LEARNING_RATE``).
     Bernstein et al., "signSGD: Compressed Optimisation for Non-Convex Problems", ICML 2018."""
 
     name = "signum"
     default_momentum = 0.9
+    keeps_default_momentum = True  # without a momentum, signum would be signSGD
     momentum_param = "beta"
     takes_adam_beta1 = True
     encodes_rows = False

@@ -9,7 +9,9 @@ class DGCMemory(MomentumMemory):
     norm of at most ``clip_norm`` (if set); momentum correction accumulates the velocity ``u =
     momentum * u + g`` and the residual ``v = v + u``, and ``v`` is what gets compressed; momentum
     factor masking then zeroes ``u`` and ``v`` where entries were sent. The momentum is the wrapped
-    optimizer's, taken over so that it applies once (``grace.momentum``), else 0.9, the paper's.
+    optimizer's, taken over so that it applies once (``grace.momentum``): none over an optimizer
+    without momentum (plain error feedback then), and the paper's 0.9 where no optimizer is seen
+    (``DistributedGradientTape``).
     Lin et al., ICLR 2018."""
 
     name = "dgc"
