@@ -137,7 +137,9 @@ def test_inceptionn_workers_agree_to_send_dense_inside_tf_function(tf_run):
 # --- PyTorch and TensorFlow train alike -----------------------------------------------------------
 EXACT_DECISIONS = {"none", "topk", "randomk", "threshold", "dgc", "qsgd", "terngrad", "onebit",
                    "signsgd", "signum", "efsignsgd", "natural", "sketch", "adaq"}
-ON_A_GRID = {"fp16", "bf16", "u8bit", "inceptionn"}
+ON_A_GRID = {"fp16", "bf16", "u8bit"}
+ON_A_GRID_WITH_FEEDBACK = {"inceptionn"}
+CATALOGUE_STEP = 0.1  # tests/workers/common.py's LR, which the catalogue runs use but for the signs
 
 
 @pytest.mark.parametrize("name", grace.available())
@@ -150,7 +152,9 @@ def test_pytorch_and_tensorflow_train_alike(gloo_run, tf_run, name):
     round the other way, so at most 2% of the weights may differ, by at most one grid step of the
     largest gradient (about 5% of 1.2 for u8bit) times the learning rate (0.1): 5e-3; PowerSGD's QR
     runs in each framework's own LAPACK, which test_cross_framework bounds at 1e-5 of the largest
-    value for one step: here over 10 steps."""
+    value for one step: here over 10 steps. INCEPTIONN keeps its rounding error as a residual, so
+    a value rounded the other way changes later roundings too: more weights differ, each by at most
+    one grid step (2^-10) times the learning rate per step."""
     torch_w = np.load(gloo_run / f"catalogue_{name}.rank0.npz")
     tf_w = np.load(tf_run / f"catalogue_{name}.rank0.npz")
     for key in ("w", "b"):
@@ -160,7 +164,9 @@ def test_pytorch_and_tensorflow_train_alike(gloo_run, tf_run, name):
         elif name in ON_A_GRID:
             off = np.abs(a - b) > 1e-6
             assert off.mean() <= 0.02 and np.abs(a - b).max() <= 5e-3, (off.sum(), np.abs(a - b).max())
+        elif name in ON_A_GRID_WITH_FEEDBACK:
+            assert np.abs(a - b).max() <= STEPS * CATALOGUE_STEP * 2.0**-10, np.abs(a - b).max()
         else:
             assert name == "powersgd"
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=STEPS * 1e-5 * np.abs(a).max())
-    assert EXACT_DECISIONS | ON_A_GRID | {"powersgd"} == set(grace.available())
+    assert EXACT_DECISIONS | ON_A_GRID | ON_A_GRID_WITH_FEEDBACK | {"powersgd"} == set(grace.available())

@@ -122,10 +122,15 @@ else:
     }
     # Every compressor of the catalogue, with its defaults (sign methods move each weight by the
     # learning rate itself, so they take a smaller one).
+    # DGC's momentum given: over this plain SGD the wrapper would apply none (the optimizer as it
+    # is), and TensorFlow's catalogue runs through the tape, which sees no optimizer and applies
+    # DGC's own 0.9; both then run the same algorithm, masking included.
+    catalogue_options = {"dgc": {"momentum": 0.9}}
     for compressor in grace.available():
         scenarios[f"catalogue_{compressor}"] = (
-            lambda c=compressor: train(f"catalogue_{c}", lambda: grace.build(c, min_numel=0),
-                                       lr=CATALOGUE_LR.get(c, LR)))
+            lambda c=compressor: train(
+                f"catalogue_{c}", lambda: grace.build(c, min_numel=0, **catalogue_options.get(c, {})),
+                lr=CATALOGUE_LR.get(c, LR)))
 chosen = list(scenarios) if args.scenarios == "all" else args.scenarios.split(",")
 for name in chosen:
     scenarios[name]()
