@@ -45,6 +45,8 @@ def parse_args(argv=None):
     parser.add_argument("--clip", type=float, default=None,
                         help="the LSTM's gradient clipping norm (default: the workload's; 0: none)")
     parser.add_argument("--wire", action="store_true", help="read eth0's byte counters (emulated host)")
+    parser.add_argument("--sparse-as-dense", action="store_true",
+                        help="PyTorch: the words model's embedding gradient travels dense")
     return parser.parse_args(argv)
 
 
@@ -241,9 +243,11 @@ def run_torch(args, spec):
         optimizer = hvd.DistributedOptimizer(base, named_parameters=named,
                                              compression=hvd.Compression.fp16)
     elif pipeline is not None:
-        optimizer = hvd.DistributedOptimizer(base, named_parameters=named, compression=pipeline)
+        optimizer = hvd.DistributedOptimizer(base, named_parameters=named, compression=pipeline,
+                                             sparse_as_dense=args.sparse_as_dense)
     else:
-        optimizer = hvd.DistributedOptimizer(base, named_parameters=named)
+        optimizer = hvd.DistributedOptimizer(base, named_parameters=named,
+                                             sparse_as_dense=args.sparse_as_dense)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
     sent = dense_bytes([sparse_size(g) for g in grads], spec)
