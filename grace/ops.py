@@ -48,7 +48,7 @@ def sampled_topk_indices(ops: "Ops", x: Tensor, k: int, n: int) -> Tensor:
     ``t`` from a strided sample of ``|x|`` aims at ``SAMPLED_TOPK_MARGINS[0]`` k candidates with
     ``|x| >= t``, and the k largest of those are ranked. Any ``t > 0`` that keeps at least k
     candidates gives the exact answer (every element left out is smaller than every candidate);
-    with too few the next margin is tried, and then ``full_topk_indices``."""
+    with too few the next margin is tried, and then ``full_topk_indices``, at once if ``t`` is 0."""
     stride = max(1, n // SAMPLE_SIZE)
     sample = ops.abs(ops.strided(x, stride))
     size = -(-n // stride)
@@ -69,7 +69,8 @@ def sampled_topk_indices(ops: "Ops", x: Tensor, k: int, n: int) -> Tensor:
 
             return ops.cond(ops.size(candidates) >= k, ranked, lambda: attempt(margins[1:]))
 
-        return ops.cond(threshold > 0, among_candidates, lambda: attempt(margins[1:]))
+        # A threshold of 0 stays 0 at a larger margin (a lower rank): rank everything at once.
+        return ops.cond(threshold > 0, among_candidates, lambda: ops.full_topk_indices(x, k))
 
     return attempt(SAMPLED_TOPK_MARGINS)
 

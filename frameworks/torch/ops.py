@@ -79,7 +79,7 @@ class TorchOps(Ops):
         return tuple(x.shape)
 
     def dtype(self, x):
-        return str(x.dtype).removeprefix("torch.")
+        return _name(x)
 
     def numel(self, x):
         return x.numel()
