@@ -55,5 +55,7 @@ class Buckets:
 
     def sums(self, x, ops) -> list:
         """Per bucket of the 1-d ``x``, in float64: the count of ``x >= 0``, the sum of those, the
-        sum of the others, the sum of squares (``Ops.block_sums``), as four 1-d tensors."""
-        return ops.split(ops.flatten(ops.block_sums(x, self.size)), [self.count] * 4)
+        sum of the others, the sum of squares (``grace.steps.block_sums``), as four 1-d tensors."""
+        from grace import steps  # steps builds on Buckets
+
+        return ops.split(ops.flatten(steps.block_sums(ops, x, block=self.size)), [self.count] * 4)

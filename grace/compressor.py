@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
+from grace import steps
 from grace.ops import Ops, Tensor, ops_for
 
 Payload = list  # list[Tensor]: what goes into the collectives, in a fixed order
@@ -259,12 +260,12 @@ class Tabled:
 
     def decode(self, payload, ctx, ops):
         packed, bits, tables, block = self.tables(payload, ctx, ops)
-        return ops.unpack_blocks(packed, bits, ctx.numel, tables, block)
+        return steps.unpack_blocks(ops, packed, tables, bits=bits, n=ctx.numel, block=block)
 
     def residual(self, compensated, payload, ctx, ops, overwrite=False):
         packed, bits, tables, block = self.tables(payload, ctx, ops)
-        left = ops.unpack_blocks(packed, bits, ctx.numel, ops.scale(tables, -1.0), block,
-                                 base=ops.flatten(compensated))
+        left = steps.unpack_blocks_onto(ops, packed, ops.scale(tables, -1.0), ops.flatten(compensated),
+                                        bits=bits, n=ctx.numel, block=block)
         return ops.reshape(left, ctx.shape)
 
     def combine(self, payloads, ctx, ops, scale=1.0):
@@ -273,7 +274,10 @@ class Tabled:
             packed, bits, tables, block = self.tables(payload, ctx, ops)
             if scale != 1.0:
                 tables = ops.scale(tables, scale)
-            total = ops.unpack_blocks(packed, bits, ctx.numel, tables, block, base=total)
+            total = (steps.unpack_blocks(ops, packed, tables, bits=bits, n=ctx.numel, block=block)
+                     if total is None else
+                     steps.unpack_blocks_onto(ops, packed, tables, total, bits=bits, n=ctx.numel,
+                                              block=block))
         return ops.reshape(total, ctx.shape)
 
 

@@ -16,16 +16,12 @@ import importlib
 import threading
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from typing import Any, Callable, Sequence
-
-from grace.buckets import Buckets
+from typing import Any, Callable, NamedTuple, Sequence
 
 Tensor = Any
 """A framework tensor (numpy array, torch.Tensor, tf.Tensor): opaque to algorithm code."""
 
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-MAX_FUSED_BITS = 8
-"""grace/native's loops handle codes of up to this many bits (a code is a byte there)."""
 INT32_MAX = 2**31 - 1
 
 
@@ -89,6 +85,17 @@ def unpack_table(bits: int):
         shifts = np.arange(0, 8, bits, dtype=np.int32)
         _UNPACK_TABLES[bits] = ((values >> shifts) & ((1 << bits) - 1)).astype(np.uint8)
     return _UNPACK_TABLES[bits]
+
+
+class HostAccess(NamedTuple):
+    """What ``grace.native.worth_running`` needs to know of an adapter's tensors."""
+
+    on_host: bool
+    """In host memory, where a loop reads them in place (a CUDA tensor is not)."""
+    contiguous: bool
+    """Laid out densely, as a loop walks them."""
+    crossing: bool
+    """Each call crosses into the host at a fixed cost (TensorFlow's ``tf.numpy_function``)."""
 
 
 def index_dtype(numel: int) -> str:
@@ -164,6 +171,14 @@ class Ops(ABC):
     @abstractmethod
     def strided(self, x: Tensor, stride: int) -> Tensor:
         """Every ``stride``-th element of the 1-d ``x``, from the first (``x[::stride]``)."""
+
+    def static_shape(self, x: Tensor) -> tuple[int | None, ...]:
+        """The shape as far as it is known before a traced graph runs (``None`` where not)."""
+        return self.shape(x)
+
+    def host_access(self, tensors: Sequence[Tensor]) -> HostAccess:
+        """How a host loop (``on_host``) would reach these tensors; see ``HostAccess``."""
+        return HostAccess(on_host=True, contiguous=True, crossing=False)
 
     def static_numel(self, x: Tensor) -> int | None:
         """The element count when it is known before a traced graph runs, else ``None``."""
@@ -254,11 +269,12 @@ class Ops(ABC):
         """A host copy of ``x`` as a numpy array (bfloat16 comes back as float32)."""
 
     def on_host(self, fn: Callable, inputs: Sequence[Tensor], dtypes: Sequence[str],
-                shapes: Sequence[Sequence[int | None]]) -> list[Tensor]:
+                shapes: Sequence[Sequence[int | None]], pure: bool = False) -> list[Tensor]:
         """``fn`` over the inputs as numpy arrays, returning numpy arrays of ``dtypes`` (of
         ``shapes``, ``None`` where a size varies), run now, or when a traced graph runs (in order
-        with the graph's other effects: ``fn`` may keep state). The way to run numpy code where a
-        graph's sizes are only known when it runs."""
+        with the graph's other effects: ``fn`` may keep state, unless ``pure``). The way to run
+        numpy code, grace/native's loops among it (``grace.kernels``), where a graph's sizes are
+        only known when it runs."""
         import numpy as np
 
         outputs = fn(*[self.to_numpy(x) for x in inputs])
@@ -396,99 +412,7 @@ class Ops(ABC):
     def unpack_values(self, packed: Tensor, bits: int, n: int, values: Tensor) -> Tensor:
         """``values[code]`` for each of the ``n`` codes ``pack_bits`` packed: decoding by a table of
         the ``2**bits`` possible values, computed once per tensor instead of once per element."""
-        fast = self._fused_unpack_values(packed, bits, n, values)
-        if fast is not None:
-            return fast
         return self.gather(values, self.cast(self.unpack_bits(packed, bits, n), "int32"))
-
-    def _fused_unpack_values(self, packed: Tensor, bits: int, n: int, values: Tensor) -> Tensor | None:
-        """``unpack_values`` by grace/native's loop where this adapter runs it (an adapter with a
-        table path of its own tries this first), else ``None``."""
-        if bits > MAX_FUSED_BITS or self.dtype(values) != "float32":
-            return None
-        fast = self.fused("unpack_values", packed, values, bits=bits, n=n)
-        return None if fast is None else fast[0]
-
-    # --- fused steps ---------------------------------------------------------------------------
-    # Steps that the composite code below does in several passes over a gradient, each with a
-    # full-size temporary. Each first asks ``fused`` for grace/native's single-pass loop (on the
-    # CPU), which gives the same bits; tests/test_native.py holds them to that.
-
-    def quantize_levels(self, x: Tensor, divisors: Tensor, levels: int, bits: int,
-                        seed_of: Callable[[Any], int], step: Any, block: int | None = None) -> Tensor:
-        """Stochastic rounding of ``|x| / divisor * levels`` to an integer ``q`` (up with probability
-        equal to the fraction, by ``random_uniform(seed_of, step)``), at most ``levels`` (elements
-        beyond the divisor are clipped to it), sent as the sign-magnitude code ``2 q + (x < 0)`` of
-        ``bits`` bits, packed. ``divisors``: positive, one per ``block`` consecutive elements (one
-        for the whole tensor without ``block``)."""
-        n = self.numel(x)
-        block = n if block is None else block
-        if bits <= MAX_FUSED_BITS:
-            fast = self.fused("quantize_levels", x, divisors, seed=(seed_of, step), levels=levels,
-                              bits=bits, block=max(block, 1))
-            if fast is not None:
-                return fast[0]
-        buckets = Buckets.of(n, block)
-        dtype = self.dtype(x)
-        level = self.scale(buckets.flat(self.div(buckets.rows(self.abs(x), self),
-                                                 buckets.column(self.cast(divisors, dtype), self)),
-                                        self), float(levels))
-        low = self.floor(level)
-        uniform = self.random_uniform(n, seed_of, step, like=x)
-        up = self.less(self.cast(uniform, dtype), self.sub(level, low))
-        q = self.minimum(self.add(low, self.cast(up, dtype)), float(levels))
-        negative = self.cast(self.less(x, 0.0), dtype)
-        return self.pack_bits(self.cast(self.add(self.scale(q, 2.0), negative), "int32"), bits)
-
-    def block_sums(self, x: Tensor, block: int) -> Tensor:
-        """Per block of ``block`` consecutive elements of the 1-d ``x``: the count of ``x >= 0``,
-        the sum of those elements, the sum of the others, and the sum of squares, as a (4, blocks)
-        float64 tensor, accumulated in float64."""
-        if self.dtype(x) == "float32":
-            fast = self.fused("block_sums", x, block=block)
-            if fast is not None:
-                return fast[0]
-        buckets = Buckets.of(self.numel(x), block)
-        rows = buckets.rows(self.cast(x, "float64"), self)
-        nonnegative = self.greater_equal(rows, 0.0)
-        zero = self.zeros(1, "float64", like=rows)
-        # The padding's zeros count as non-negative (and add nothing): take them out of the count.
-        padding = self.constant([0.0] * (buckets.count - 1) + [float(buckets.pad)], "float64", like=rows)
-        return self.reshape(self.concat([
-            self.sub(self.row_sums(self.cast(nonnegative, "float64")), padding),
-            self.row_sums(self.where(nonnegative, rows, zero)),
-            self.row_sums(self.where(nonnegative, zero, rows)),
-            self.row_sums(self.mul(rows, rows))]), (4, buckets.count))
-
-    def unpack_blocks(self, packed: Tensor, bits: int, n: int, tables: Tensor, block: int,
-                      base: Tensor | None = None) -> Tensor:
-        """``tables[i // block, code]`` for each of the ``n`` codes ``pack_bits`` packed: decoding
-        with one table of ``2**bits`` values per block of ``block`` elements (``tables``: (blocks,
-        2**bits), the output's dtype). With ``base`` (1-d, ``n`` elements): ``base`` plus that, in
-        the same pass where a kernel can."""
-        if 8 % bits == 0 and self.dtype(tables) == "float32":
-            if base is None:
-                fast = self.fused("unpack_blocks", packed, tables, bits=bits, n=n, block=block)
-            elif self.dtype(base) == "float32":
-                fast = self.fused("unpack_blocks_onto", packed, tables, base, bits=bits, n=n, block=block)
-            else:
-                fast = None
-            if fast is not None:
-                return fast[0]
-        buckets = Buckets.of(n, block)
-        codes = buckets.rows(self.cast(self.unpack_bits(packed, bits, n), "int32"), self)
-        offsets = self.mul(self.arange(buckets.count, "int32", like=codes),
-                           self.constant([1 << bits], "int32", like=codes))
-        index = buckets.flat(self.add(codes, buckets.column(offsets, self)), self)
-        decoded = self.gather(self.flatten(tables), index)
-        return decoded if base is None else self.add(base, decoded)
-
-    def sign_bits(self, x: Tensor) -> Tensor:
-        """One bit per element, 1 where ``x >= 0``, packed."""
-        fast = self.fused("sign_bits", x)
-        if fast is not None:
-            return fast[0]
-        return self.pack_bits(self.greater_equal(x, 0.0), 1)
 
     def order_statistics(self, x: Tensor, ranks: Sequence[int]) -> Tensor:
         """``sort(x)[ranks]`` for 1-d ``x``: a few order statistics, which an adapter may find
@@ -503,36 +427,16 @@ class Ops(ABC):
         """The indices (``index_dtype``, in order) of the elements with ``|x| >= threshold``."""
         return self.nonzero(self.greater_equal(self.abs(x), threshold))
 
-    def fused(self, kernel: str, *inputs: Tensor, seed: tuple | None = None, **params: Any) -> tuple | None:
-        """``grace.native.FUSED[kernel]`` on the inputs, as a tuple of tensors, where this adapter
-        can run it on them (the first input float32 or uint8 and large enough); else ``None``, and
-        the algorithm runs its own composite code, which gives the same bits. ``seed``:
-        ``(seed_of, step)`` for kernels that draw random numbers; ``params``: plain numbers."""
-        return None
-
     def max_abs(self, x: Tensor) -> Tensor:
         """The largest magnitude, as a 1-element tensor (NaN if ``x`` holds one)."""
         return self.max(self.abs(x))
 
-    def scaled_sum(self, a: Tensor | None, alpha: float, b: Tensor, beta: float) -> Tensor:
-        """``a * alpha + b * beta`` (``b * beta`` where ``a`` is None), each product rounded to the
-        dtype as ``scale`` does, then the sum; shaped as ``b``."""
-        inputs = [b] if a is None else [a, b]
-        if all(self.dtype(t) == "float32" for t in inputs):
-            fast = self.fused("scaled_sum", *inputs, alpha=alpha, beta=beta)
-            if fast is not None:
-                return self.reshape(fast[0], self.shape(b))  # the kernel works on flat arrays
-        right = self.scale(b, beta)
-        return right if a is None else self.add(self.scale(a, alpha), right)
-
     # --- linear algebra ------------------------------------------------------------------------
     @abstractmethod
-    def matmul(self, a: Tensor, b: Tensor, transpose_a: bool = False,
-               transpose_b: bool = False) -> Tensor: ...
-
-    def sub_matmul(self, c: Tensor, a: Tensor, b: Tensor, transpose_b: bool = False) -> Tensor:
-        """``c - a @ b`` (``b`` transposed if asked), which an adapter may fuse into one product."""
-        return self.sub(c, self.matmul(a, b, transpose_b=transpose_b))
+    def matmul(self, a: Tensor, b: Tensor, transpose_a: bool = False, transpose_b: bool = False,
+               subtract_from: Tensor | None = None) -> Tensor:
+        """``a @ b`` (either transposed if asked), or ``subtract_from - a @ b``, which BLAS's gemm
+        does in the product's own pass."""
 
     @abstractmethod
     def orthogonalize(self, x: Tensor) -> Tensor:

@@ -15,7 +15,7 @@ import torch
 
 import grace
 from frameworks.torch.ops import TorchOps
-from grace import native
+from grace import native, steps
 from grace.backends.numpy_ops import NumpyOps
 from grace.ops import Ops, counter_uniform_bits, draw_uniform, reference_uniform
 
@@ -36,9 +36,9 @@ def data(n: int, kind: str = "gaussian", seed: int = 0) -> torch.Tensor:
     return x
 
 
-def composite(method: str):
-    """The protocol's own (composite) implementation, run over torch tensors."""
-    return lambda *args: getattr(Ops, method)(TORCH, *args)
+def composite(step: str):
+    """A shared step's own (composite) definition, run over torch tensors."""
+    return lambda *args, **params: getattr(steps, step).composite(TORCH, *args, **params)
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -66,13 +66,14 @@ def test_quantize_levels_is_the_composite_code(n, levels, bits, block):
         divisor = TORCH.norm(x) if levels > 1 else TORCH.scale(TORCH.max_abs(x), 0.5)
     else:
         divisor = torch.rand(-(-n // block), generator=torch.Generator().manual_seed(block)) + 0.5
-    args = (x, divisor, levels, bits, lambda step: SEED + int(step), 3, block)
-    fused = TORCH.quantize_levels(*args)
-    expected = composite("quantize_levels")(*args)
+    params = dict(seed=(lambda step: SEED + int(step), 3), levels=levels, bits=bits,
+                  block=n if block is None else block)
+    fused = steps.quantize_levels(TORCH, x, divisor, **params)
+    expected = composite("quantize_levels")(x, divisor, **params)
     assert fused.dtype == torch.uint8 and fused.numel() == (n * bits + 7) // 8
     assert torch.equal(fused, expected)
     np.testing.assert_array_equal(
-        fused.numpy(), NUMPY.quantize_levels(x.numpy(), divisor.numpy(), *args[2:]))
+        fused.numpy(), steps.quantize_levels.composite(NUMPY, x.numpy(), divisor.numpy(), **params))
     top = int((TORCH.unpack_bits(fused, bits, n).long() // 2).max())
     # Never beyond the top level; exactly at it where divisors lie below the largest magnitudes.
     assert top == levels if block is not None or levels == 1 else top < levels
@@ -83,8 +84,8 @@ def test_quantize_levels_is_the_composite_code(n, levels, bits, block):
 @pytest.mark.parametrize("block", [512, 1000, SIZES[-1] + 1])
 def test_block_sums_are_the_composite_code(n, kind, block):
     x = data(n, kind)
-    fused = TORCH.block_sums(x, block)
-    expected = composite("block_sums")(x, block)
+    fused = steps.block_sums(TORCH, x, block=block)
+    expected = composite("block_sums")(x, block=block)
     assert fused.shape == (4, -(-n // block)) and fused.dtype == torch.float64
     assert torch.equal(fused[0], expected[0])  # counts
     if kind == "integers":
@@ -93,7 +94,7 @@ def test_block_sums_are_the_composite_code(n, kind, block):
         torch.testing.assert_close(fused, expected, rtol=2.0**-23, atol=0.0)
     first = x[:min(block, n)].double()
     assert fused[0, 0] == (first >= 0).sum() and fused[3, 0] == pytest.approx((first * first).sum().item())
-    assert torch.equal(TORCH.sign_bits(x), composite("sign_bits")(x))
+    assert torch.equal(steps.sign_bits(TORCH, x), composite("sign_bits")(x))
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -103,9 +104,9 @@ def test_unpack_blocks_is_the_composite_code(n, bits):
     codes = torch.randint(0, 1 << bits, (n,), generator=g, dtype=torch.int32)
     packed = TORCH.pack_bits(codes, bits)
     tables = torch.randn(-(-n // 512), 1 << bits, generator=g)
-    decoded = TORCH.unpack_blocks(packed, bits, n, tables, 512)
+    decoded = steps.unpack_blocks(TORCH, packed, tables, bits=bits, n=n, block=512)
     assert torch.equal(decoded, tables[torch.arange(n) // 512, codes.long()])
-    assert torch.equal(decoded, composite("unpack_blocks")(packed, bits, n, tables, 512))
+    assert torch.equal(decoded, composite("unpack_blocks")(packed, tables, bits=bits, n=n, block=512))
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -119,10 +120,12 @@ def test_unpack_blocks_onto_a_base_is_the_composite_code(n, bits):
     tables = torch.randn(-(-n // 512), 1 << bits, generator=g)
     tables[0] = torch.tensor([-0.0, 0.0] * (1 << bits))[: 1 << bits]
     base = data(n, seed=bits)
-    onto = TORCH.unpack_blocks(packed, bits, n, tables, 512, base=base)
+    onto = steps.unpack_blocks_onto(TORCH, packed, tables, base, bits=bits, n=n, block=512)
     expected = base + tables[torch.arange(n) // 512, codes.long()]
     assert torch.equal(onto, expected) and torch.equal(torch.signbit(onto), torch.signbit(expected))
-    assert torch.equal(onto, composite("unpack_blocks")(packed, bits, n, tables, 512, base))
+    with native.disabled():
+        assert torch.equal(onto, composite("unpack_blocks_onto")(packed, tables, base, bits=bits, n=n,
+                                                                 block=512))
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -132,9 +135,10 @@ def test_unpack_values_is_the_composite_code(n, bits):
     codes = torch.randint(0, 1 << bits, (n,), generator=g, dtype=torch.int32)
     packed = TORCH.pack_bits(codes, bits)
     values = torch.randn(1 << bits, generator=g)
-    decoded = TORCH.unpack_values(packed, bits, n, values)
+    decoded = steps.unpack_values(TORCH, packed, values, bits=bits, n=n)
     assert torch.equal(decoded, values[codes.long()])
-    assert torch.equal(decoded, composite("unpack_values")(packed, bits, n, values))
+    assert torch.equal(decoded, composite("unpack_values")(packed, values, bits=bits, n=n))
+    assert torch.equal(decoded, Ops.unpack_values(TORCH, packed, bits, n, values))
 
 
 @pytest.mark.parametrize("n", SIZES)
@@ -161,8 +165,9 @@ def test_sums_norm_max_abs_and_the_nonfinite_flag(n):
 @pytest.mark.parametrize("n", SIZES)
 def test_scaled_sum_rounds_as_the_composite_code(n):
     a, b = data(n, seed=1), data(n, seed=2)
-    assert torch.equal(TORCH.scaled_sum(a, 0.9, b, 0.1), composite("scaled_sum")(a, 0.9, b, 0.1))
-    assert torch.equal(TORCH.scaled_sum(None, 0.9, b, 0.1), b * 0.1)
+    assert torch.equal(steps.scaled_sum(TORCH, a, b, alpha=0.9, beta=0.1),
+                       composite("scaled_sum")(a, b, alpha=0.9, beta=0.1))
+    assert torch.equal(steps.scaled_sum(TORCH, None, b, alpha=0.9, beta=0.1), b * 0.1)
 
 
 
@@ -187,13 +192,13 @@ def test_every_compressor_gives_the_composite_codes_payloads(name):
     runs = {}
     for label in ("fused", "composite"):
         compressor = grace.build(name).compressor
-        steps = []
+        rounds = []
         with contextlib.nullcontext() if label == "fused" else native.disabled():
             for _ in range(2):
                 payload, ctx = compressor.compress(x, "w")
                 decoded = compressor.decompress(payload, ctx)
-                steps.append(([TORCH.to_numpy(p) for p in payload], TORCH.to_numpy(decoded)))
-        runs[label] = steps
+                rounds.append(([TORCH.to_numpy(p) for p in payload], TORCH.to_numpy(decoded)))
+        runs[label] = rounds
     for (payload, decoded), (expected_payload, expected_decoded) in zip(runs["fused"], runs["composite"]):
         assert len(payload) == len(expected_payload)
         for i, (a, b) in enumerate(zip(payload, expected_payload)):

@@ -10,7 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from grace import native
-from grace.ops import Ops, draw_indices, draw_uniform, host_row_sums, index_dtype, unpack_table
+from grace.ops import HostAccess, Ops, draw_indices, draw_uniform, host_row_sums, index_dtype, unpack_table
 from grace.sparse import RowStore
 
 HOST_GATHER_MIN = 1 << 16
@@ -128,6 +128,9 @@ class TensorFlowOps(Ops):
     def abs(self, x):
         return tf.abs(x)
 
+    def static_shape(self, x):
+        return tuple(x.shape.as_list())
+
     def static_numel(self, x):
         return x.shape.num_elements()  # None for a selection whose size is known only at run time
 
@@ -146,8 +149,9 @@ class TensorFlowOps(Ops):
             return _host(lambda i, v: native.scatter_add(n, i, v), [indices, values], tf.float32, [n])
         return tf.math.unsorted_segment_sum(values, indices, n)
 
-    def on_host(self, fn, inputs, dtypes, shapes):
-        outputs = tf.numpy_function(fn, list(inputs), [tf.as_dtype(d) for d in dtypes], stateful=True)
+    def on_host(self, fn, inputs, dtypes, shapes, pure=False):
+        outputs = tf.numpy_function(fn, list(inputs), [tf.as_dtype(d) for d in dtypes],
+                                    stateful=not pure)
         outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
         for out, shape in zip(outputs, shapes):
             out.set_shape(shape)
@@ -282,9 +286,6 @@ class TensorFlowOps(Ops):
         return tf.reduce_sum(tf.reshape(planes, [n, bits]) * weights, axis=1)
 
     def unpack_values(self, packed, bits, n, values):
-        fast = self._fused_unpack_values(packed, bits, n, values)
-        if fast is not None:
-            return fast
         if 8 % bits != 0:
             return super().unpack_values(packed, bits, n, values)
         table = tf.gather(values, tf.cast(_unpack_table(bits), tf.int32))
@@ -346,26 +347,12 @@ class TensorFlowOps(Ops):
 
         return _host(run, [x, tf.cast(threshold, x.dtype)], tf.as_dtype(dtype), [None])
 
-    def fused(self, kernel, *inputs, seed=None, **params):
-        first = inputs[0]
-        # Where the first input's size is known only at run time, the output's (``n``) decides.
-        n = params.get("n", first.shape.num_elements())
-        if not native.worth_running(n, [first.dtype.name], crossing=True,
-                                    accept=("float32", "uint8")):
-            return None
-        specs = native.FUSED[kernel][1](*[tuple(t.shape.as_list()) for t in inputs], **params)
+    def host_access(self, tensors):
+        return HostAccess(on_host=True, contiguous=True, crossing=True)  # copied in and out
 
-        def run(*arrays):
-            if seed is None:
-                return native.run_fused(kernel, list(arrays), **params)
-            return native.run_fused(kernel, list(arrays[:-1]), seed[0](int(arrays[-1])), **params)
-
-        extra = [] if seed is None else [tf.cast(seed[1], tf.int64)]
-        return tuple(_host(run, [*inputs, *extra], [tf.as_dtype(d) for d, _ in specs],
-                           [list(shape) for _, shape in specs]))
-
-    def matmul(self, a, b, transpose_a=False, transpose_b=False):
-        return tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+    def matmul(self, a, b, transpose_a=False, transpose_b=False, subtract_from=None):
+        product = tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+        return product if subtract_from is None else subtract_from - product
 
     def orthogonalize(self, x):
         return tf.linalg.qr(x)[0]

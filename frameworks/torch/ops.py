@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from grace import native
-from grace.ops import UNIFORM_SCALE, Ops, counter_uniform_bits, index_dtype, unpack_table
+from grace.ops import UNIFORM_SCALE, HostAccess, Ops, counter_uniform_bits, index_dtype, unpack_table
 
 
 def _numpy_float(x: torch.Tensor) -> bool:
@@ -301,9 +301,6 @@ class TorchOps(Ops):
         return (planes.reshape(n, bits) * weights).sum(1, dtype=torch.int32)
 
     def unpack_values(self, packed, bits, n, values):
-        fast = self._fused_unpack_values(packed, bits, n, values)
-        if fast is not None:
-            return fast
         if 8 % bits != 0:
             return super().unpack_values(packed, bits, n, values)
         # A table from each byte value to the values of its codes: the output is written once.
@@ -335,15 +332,9 @@ class TorchOps(Ops):
         dtype = index_dtype(x.numel())
         return torch.from_numpy(native.indices_at_least(x.detach().numpy(), float(threshold), dtype))
 
-    def fused(self, kernel, *inputs, seed=None, **params):
-        first = inputs[0]
-        if not native.worth_running(params.get("n", first.numel()), [_name(first)],
-                                    on_host=all(t.device.type == "cpu" for t in inputs),
-                                    accept=("float32", "uint8")):
-            return None
-        outputs = native.run_fused(kernel, [t.detach().numpy() for t in inputs],
-                                   None if seed is None else seed[0](int(seed[1])), **params)
-        return tuple(torch.from_numpy(o) for o in outputs)
+    def host_access(self, tensors):
+        return HostAccess(on_host=all(t.device.type == "cpu" for t in tensors),
+                          contiguous=all(t.is_contiguous() for t in tensors), crossing=False)
 
     def random_uniform(self, n, seed_of, step, like):
         seed = seed_of(int(step))
@@ -355,11 +346,9 @@ class TorchOps(Ops):
             return counter_uniform_bits(index, seed).to(torch.float32) * UNIFORM_SCALE
         return super().random_uniform(n, seed_of, step, like)
 
-    def matmul(self, a, b, transpose_a=False, transpose_b=False):
-        return torch.matmul(a.T if transpose_a else a, b.T if transpose_b else b)
-
-    def sub_matmul(self, c, a, b, transpose_b=False):
-        return torch.addmm(c, a, b.T if transpose_b else b, alpha=-1)
+    def matmul(self, a, b, transpose_a=False, transpose_b=False, subtract_from=None):
+        a, b = a.T if transpose_a else a, b.T if transpose_b else b
+        return torch.matmul(a, b) if subtract_from is None else torch.addmm(subtract_from, a, b, alpha=-1)
 
     def orthogonalize(self, x):
         return torch.linalg.qr(x).Q

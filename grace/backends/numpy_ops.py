@@ -189,8 +189,9 @@ class NumpyOps(Ops):
         planes = np.unpackbits(np.asarray(packed, np.uint8), bitorder="little", count=n * bits)
         return (planes.reshape(n, bits).astype(np.int32) << np.arange(bits, dtype=np.int32)).sum(1)
 
-    def matmul(self, a, b, transpose_a=False, transpose_b=False):
-        return np.matmul(a.T if transpose_a else a, b.T if transpose_b else b)
+    def matmul(self, a, b, transpose_a=False, transpose_b=False, subtract_from=None):
+        product = np.matmul(a.T if transpose_a else a, b.T if transpose_b else b)
+        return product if subtract_from is None else self.sub(subtract_from, product)
 
     def orthogonalize(self, x):
         return np.linalg.qr(x)[0].astype(x.dtype, copy=False)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from grace.compressor import LENGTH_BYTES, Compressor, Seeded, capped, compute_dtype, numel_of, payload_budget
+from grace.kernels import accelerated
 from grace.ops import INDEX_BYTES, index_dtype
 from grace.validation import check_ratio
 
@@ -38,21 +39,10 @@ class AdaQ(Seeded, Compressor):
         top, bottom = ops.split(ops.order_statistics(ops.gather(x, picked), [m - k, k - 1]), [1, 1])
         dtype = ops.dtype(x)
         index = index_dtype(n)
-        fast = ops.fused("two_sided", x, top, bottom)
-        if fast is not None:
-            up, down, sums, counts = fast
-            up, down = ops.cast(up, index), ops.cast(down, index)
-            sums = ops.split(ops.cast(sums, dtype), [1, 1])
-            counts = ops.split(ops.cast(counts, dtype), [1, 1])
-        else:
-            zero = ops.zeros(n, dtype, like=x)
-            false = ops.less(zero, zero)
-            # beyond the threshold and of that sign (a threshold of the wrong sign selects nothing)
-            positive = ops.where(ops.greater_equal(x, top), ops.less(zero, x), false)
-            negative = ops.where(ops.greater_equal(bottom, x), ops.less(x, zero), false)
-            up, down = ops.nonzero(positive), ops.nonzero(negative)
-            sums = [ops.sum(ops.where(mask, x, zero)) for mask in (positive, negative)]
-            counts = [ops.sum(ops.cast(mask, dtype)) for mask in (positive, negative)]
+        up, down, sums, counts = select_two_sided(ops, x, top, bottom)
+        up, down = ops.cast(up, index), ops.cast(down, index)
+        sums = ops.split(ops.cast(sums, dtype), [1, 1])
+        counts = ops.split(ops.cast(counts, dtype), [1, 1])
         # Ties (a constant tensor) can select every element: each sign keeps at most what lets the
         # payload stay smaller than the tensor; error feedback keeps the others.
         cap = self.cap(n, ops.itemsize(ctx.dtype))
@@ -88,3 +78,17 @@ class AdaQ(Seeded, Compressor):
         values = ops.concat([ops.mul(ops.cast(ops.greater_equal(positive, 0), ctx.dtype), mean_pos),
                              ops.mul(ops.cast(ops.greater_equal(negative, 0), ctx.dtype), mean_neg)])
         return ops.scatter_add(ctx.numel, indices, values)
+
+
+@accelerated("two_sided")
+def select_two_sided(ops, x, top, bottom):
+    """The indices of the positive elements ``>= top`` and of the negative ones ``<= bottom`` (a
+    threshold of the wrong sign selects nothing), with each side's sum and count (2 each)."""
+    dtype = ops.dtype(x)
+    zero = ops.zeros(ops.numel(x), dtype, like=x)
+    false = ops.less(zero, zero)
+    positive = ops.where(ops.greater_equal(x, top), ops.less(zero, x), false)
+    negative = ops.where(ops.greater_equal(bottom, x), ops.less(x, zero), false)
+    sums = [ops.sum(ops.where(mask, x, zero)) for mask in (positive, negative)]
+    counts = [ops.sum(ops.cast(mask, dtype)) for mask in (positive, negative)]
+    return ops.nonzero(positive), ops.nonzero(negative), ops.concat(sums), ops.concat(counts)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from grace.compressor import LENGTH_BYTES, Compressor, at_least_bytes, compute_dtype
+from grace.kernels import accelerated
 from grace.validation import check_positive
 
 
@@ -32,21 +33,10 @@ class Inceptionn(Compressor):
 
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
-        if ctx.dtype == "float32":
-            fast = ops.fused("inceptionn_encode", x,
-                             ops.constant([1.0 / self.error_bound], "float32", like=flat))
-            if fast is not None:
-                return list(fast)
-        steps = ops.round(ops.scale(x, 1.0 / self.error_bound))
-        size = ops.abs(steps)
-        tag = ops.add(ops.add(ops.cast(ops.greater_equal(size, 1.0), "int32"),
-                              ops.cast(ops.greater_equal(size, 128.0), "int32")),
-                      ops.cast(ops.greater_equal(size, 32768.0), "int32"))
-        in_class = [ops.nonzero(ops.equal(tag, c)) for c in (1, 2, 3)]
-        return [ops.pack_bits(tag, 2),
-                ops.cast(ops.gather(steps, in_class[0]), "int8"),
-                ops.cast(ops.gather(steps, in_class[1]), "int16"),
-                ops.gather(flat, in_class[2])]
+        inverse = ops.constant([1.0 / self.error_bound], ops.dtype(x), like=flat)
+        tags, small, medium, large = encode(ops, x, inverse)
+        # The largest class travels in the gradient's own dtype (x holds it exactly).
+        return [tags, small, medium, ops.cast(large, ctx.dtype)]
 
     def not_smaller(self, flat, ctx, ops):
         # How many elements reach each class, counted against thresholds a little below the
@@ -62,16 +52,34 @@ class Inceptionn(Compressor):
 
     def decode(self, payload, ctx, ops):
         packed, small, medium, large = payload
-        n, dtype = ctx.numel, compute_dtype(ctx.dtype)
-        if ctx.dtype == "float32":
-            fast = ops.fused("inceptionn_decode", packed, small, medium, large,
-                             ops.constant([self.error_bound], "float32", like=packed), n=n)
-            if fast is not None:
-                return fast[0]
-        tag = ops.unpack_bits(packed, 2, n)
-        out = ops.scatter_add(n, ops.nonzero(ops.equal(tag, 1)),
-                              ops.scale(ops.cast(small, dtype), self.error_bound))
-        out = ops.add(out, ops.scatter_add(n, ops.nonzero(ops.equal(tag, 2)),
-                                           ops.scale(ops.cast(medium, dtype), self.error_bound)))
-        out = ops.add(out, ops.scatter_add(n, ops.nonzero(ops.equal(tag, 3)), ops.cast(large, dtype)))
-        return ops.cast(out, ctx.dtype)
+        dtype = compute_dtype(ctx.dtype)
+        bound = ops.constant([self.error_bound], dtype, like=packed)
+        return ops.cast(decode(ops, packed, small, medium, ops.cast(large, dtype), bound, n=ctx.numel),
+                        ctx.dtype)
+
+
+@accelerated("inceptionn_encode")
+def encode(ops, x, inverse):
+    """The 2-bit tags (packed) and the three classes (int8 and int16 steps of ``1 / inverse``, and
+    the values of ``x`` themselves) of the 1-d ``x``; ``inverse``: ``[1 / error_bound]``."""
+    steps = ops.round(ops.mul(x, inverse))
+    size = ops.abs(steps)
+    tag = ops.add(ops.add(ops.cast(ops.greater_equal(size, 1.0), "int32"),
+                          ops.cast(ops.greater_equal(size, 128.0), "int32")),
+                  ops.cast(ops.greater_equal(size, 32768.0), "int32"))
+    in_class = [ops.nonzero(ops.equal(tag, c)) for c in (1, 2, 3)]
+    return (ops.pack_bits(tag, 2),
+            ops.cast(ops.gather(steps, in_class[0]), "int8"),
+            ops.cast(ops.gather(steps, in_class[1]), "int16"),
+            ops.gather(x, in_class[2]))
+
+
+@accelerated("inceptionn_decode")
+def decode(ops, packed, small, medium, large, bound, n):
+    """The ``n`` values that ``encode`` sent, in ``large``'s dtype; ``bound``: ``[error_bound]``."""
+    dtype = ops.dtype(large)
+    tag = ops.unpack_bits(packed, 2, n)
+    out = ops.scatter_add(n, ops.nonzero(ops.equal(tag, 1)), ops.mul(ops.cast(small, dtype), bound))
+    out = ops.add(out, ops.scatter_add(n, ops.nonzero(ops.equal(tag, 2)),
+                                       ops.mul(ops.cast(medium, dtype), bound)))
+    return ops.add(out, ops.scatter_add(n, ops.nonzero(ops.equal(tag, 3)), large))

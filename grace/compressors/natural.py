@@ -3,6 +3,7 @@ from __future__ import annotations
 import math
 
 from grace.compressor import Compressor, Seeded, numel_of
+from grace.kernels import accelerated
 
 
 class Natural(Seeded, Compressor):
@@ -21,33 +22,41 @@ class Natural(Seeded, Compressor):
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, "float32")
         step = self.next_step(name, ops)
-        fast = ops.fused("natural_encode", x, seed=(self._seed_of(name, ctx, shared=False), step))
-        if fast is not None:
-            return list(fast)
-        magnitude = ops.abs(x)
-        exponent = ops.exponent_bits(magnitude)
-        normal = ops.greater_equal(exponent, 1)
-        low = ops.power_of_two(ops.maximum(exponent, 1))  # 2^e, or the smallest normal float32
-        excess = ops.where(normal, ops.sub(magnitude, low), magnitude)
-        uniform = self.uniform(ctx.numel, name, ctx, ops, like=flat, step=step)
-        up = ops.cast(ops.less(uniform, ops.div(excess, low)), "int32")
-        code = ops.where(normal, ops.add(exponent, up), up)
-        code = ops.minimum(code, 254)  # the largest finite exponent
-        negative = ops.cast(ops.less(x, 0.0), "int32")
-        return [ops.cast(code, "uint8"), ops.pack_bits(negative, 1)]
+        return list(encode(ops, x, seed=(self._seed_of(name, ctx, shared=False), step)))
 
     def decode(self, payload, ctx, ops):
-        code, packed = payload
-        fast = ops.fused("natural_decode", code, packed)
-        if fast is not None:
-            return ops.cast(fast[0], ctx.dtype)
-        code = ops.cast(code, "int32")
-        magnitude = ops.where(ops.equal(code, 0), ops.zeros(ctx.numel, "float32", like=code),
-                              ops.power_of_two(ops.maximum(code, 1)))
-        negative = ops.cast(ops.unpack_bits(packed, 1, ctx.numel), "float32")
-        sign = ops.sub(ops.full(ctx.numel, 1.0, "float32", like=code), ops.scale(negative, 2.0))
-        return ops.cast(ops.mul(magnitude, sign), ctx.dtype)
+        return ops.cast(decode(ops, *payload), ctx.dtype)
 
     def payload_nbytes(self, shape, itemsize):
         n = numel_of(shape)
         return n + math.ceil(n / 8)
+
+
+@accelerated("natural_encode")
+def encode(ops, x, seed):
+    """The exponent codes (uint8) and the packed signs of float32 ``x``, rounding up at random by
+    ``Ops.random_uniform`` with ``seed`` = ``(seed_of, step)``."""
+    n = ops.numel(x)
+    magnitude = ops.abs(x)
+    exponent = ops.exponent_bits(magnitude)
+    normal = ops.greater_equal(exponent, 1)
+    low = ops.power_of_two(ops.maximum(exponent, 1))  # 2^e, or the smallest normal float32
+    excess = ops.where(normal, ops.sub(magnitude, low), magnitude)
+    uniform = ops.random_uniform(n, seed[0], seed[1], like=x)
+    up = ops.cast(ops.less(uniform, ops.div(excess, low)), "int32")
+    code = ops.where(normal, ops.add(exponent, up), up)
+    code = ops.minimum(code, 254)  # the largest finite exponent
+    negative = ops.cast(ops.less(x, 0.0), "int32")
+    return ops.cast(code, "uint8"), ops.pack_bits(negative, 1)
+
+
+@accelerated("natural_decode")
+def decode(ops, code, packed):
+    """The float32 values of the exponent codes and packed signs."""
+    n = ops.numel(code)
+    code = ops.cast(code, "int32")
+    magnitude = ops.where(ops.equal(code, 0), ops.zeros(n, "float32", like=code),
+                          ops.power_of_two(ops.maximum(code, 1)))
+    negative = ops.cast(ops.unpack_bits(packed, 1, n), "float32")
+    sign = ops.sub(ops.full(n, 1.0, "float32", like=code), ops.scale(negative, 2.0))
+    return ops.mul(magnitude, sign)

@@ -92,7 +92,7 @@ class PowerSGD(Compressor):
         dtype = compute_dtype(ctx.dtype)
         q = ops.reshape(ops.cast(payload[0], dtype), (m, r))
         matrix = ops.reshape(ops.cast(compensated, dtype), (n, m))
-        left = ops.sub_matmul(matrix, ctx.data["p"], q, transpose_b=True)
+        left = ops.matmul(ctx.data["p"], q, transpose_b=True, subtract_from=matrix)
         return ops.reshape(ops.cast(left, ctx.dtype), ops.shape(compensated))
 
     def combine(self, payloads, ctx, ops, scale=1.0):

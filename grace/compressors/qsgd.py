@@ -5,6 +5,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from grace import steps
 from grace.buckets import DEFAULT_BUCKET_SIZE, Buckets
 from grace.compressor import TINY, Compressor, Seeded, Tabled, compute_dtype, numel_of
 from grace.validation import check_int
@@ -46,9 +47,9 @@ class QSGD(Seeded, Tabled, Compressor):
         largest = float(np.finfo(ctx.dtype if ctx.dtype != "bfloat16" else "float32").max)
         squares = buckets.sums(x, ops)[3]
         norms = ops.minimum(ops.cast(ops.sqrt(squares), ops.dtype(x)), largest)
-        codes = ops.quantize_levels(x, ops.maximum(norms, TINY), self.levels, self.bits,
-                                    self._seed_of(name, ctx, shared=False), self.next_step(name, ops),
-                                    block=buckets.size)
+        codes = steps.quantize_levels(
+            ops, x, ops.maximum(norms, TINY), levels=self.levels, bits=self.bits, block=buckets.size,
+            seed=(self._seed_of(name, ctx, shared=False), self.next_step(name, ops)))
         return [ops.cast(norms, ctx.dtype), codes]
 
     def tables(self, payload, ctx, ops):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import warnings
 
+from grace import steps
 from grace.buckets import DEFAULT_BUCKET_SIZE, Buckets
 from grace.compressor import Compressor, Tabled, compute_dtype, numel_of
 from grace.momentum import OwnsMomentum
@@ -13,11 +14,11 @@ from grace.validation import check_int
 
 
 def _signs(packed, ctx, ops, dtype, scale=None):
-    """The +1 / -1 of ``Ops.sign_bits``, times ``scale`` if given, in ``ctx.dtype``."""
+    """The +1 / -1 of ``steps.sign_bits``, times ``scale`` if given, in ``ctx.dtype``."""
     values = ops.constant([-1.0, 1.0], dtype, like=packed)
     if scale is not None:
         values = ops.mul(values, ops.cast(scale, dtype))
-    return ops.unpack_values(packed, 1, ctx.numel, ops.cast(values, ctx.dtype))
+    return steps.unpack_values(ops, packed, ops.cast(values, ctx.dtype), bits=1, n=ctx.numel)
 
 
 LEARNING_RATE = 1e-4
@@ -84,7 +85,7 @@ class SignSGD(Compressor):
         _warn_learning_rate(self.name)
 
     def encode(self, flat, name, ctx, ops):
-        return [ops.sign_bits(flat)]
+        return [steps.sign_bits(ops, flat)]
 
     def decode(self, payload, ctx, ops):
         return _signs(payload[0], ctx, ops, compute_dtype(ctx.dtype))
@@ -128,11 +129,11 @@ class Signum(OwnsMomentum, SignSGD):
     def encode(self, flat, name, ctx, ops):
         # sign() ignores a positive scale, so the optimizer's dampening does not matter here.
         momentum = ops.load(self.momentum_buffers, name, like=flat)
-        momentum = ops.scaled_sum(momentum, self.beta, flat, 1.0 - self.beta)
+        momentum = steps.scaled_sum(ops, momentum, flat, alpha=self.beta, beta=1.0 - self.beta)
         ops.save(self.momentum_buffers, name, momentum)
         if self.nesterov:
-            momentum = ops.scaled_sum(momentum, self.beta, flat, 1.0 - self.beta)
-        return [ops.sign_bits(momentum)]
+            momentum = steps.scaled_sum(ops, momentum, flat, alpha=self.beta, beta=1.0 - self.beta)
+        return [steps.sign_bits(ops, momentum)]
 
 
 class EFSignSGD(Tabled, Compressor):
@@ -161,7 +162,7 @@ class EFSignSGD(Tabled, Compressor):
         _, positive, negative, _ = buckets.sums(x, ops)
         lengths = buckets.lengths("float64", ops, like=positive)
         scales = ops.div(ops.sub(positive, negative), lengths)  # the mean magnitude per bucket
-        return [ops.cast(scales, ctx.dtype), ops.sign_bits(x)]
+        return [ops.cast(scales, ctx.dtype), steps.sign_bits(ops, x)]
 
     def tables(self, payload, ctx, ops):
         scales, packed = payload
@@ -201,7 +202,7 @@ class OneBit(Tabled, Compressor):
         rest = ops.sub(buckets.lengths("float64", ops, like=count), count)
         mean_pos = ops.div(positive, ops.maximum(count, 1.0))
         mean_neg = ops.div(negative, ops.maximum(rest, 1.0))
-        return [ops.cast(ops.concat([mean_pos, mean_neg]), ctx.dtype), ops.sign_bits(x)]
+        return [ops.cast(ops.concat([mean_pos, mean_neg]), ctx.dtype), steps.sign_bits(ops, x)]
 
     def tables(self, payload, ctx, ops):
         means, packed = payload

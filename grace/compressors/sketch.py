@@ -4,7 +4,9 @@ from functools import lru_cache
 
 import numpy as np
 
+from grace import steps
 from grace.compressor import Compressor, Seeded, compute_dtype, numel_of
+from grace.kernels import accelerated
 from grace.validation import check_int
 
 SAMPLE = 1 << 16
@@ -39,20 +41,13 @@ class Sketch(Seeded, Compressor):
         m = min(n, SAMPLE)
         sample = x if m == n else ops.gather(x, self.indices(n, m, name, ctx, ops, like=flat))
         boundaries = ops.gather(ops.sort(sample), ops.constant(_cuts(m, b).copy(), "int32", like=flat))
-        fast = ops.fused("bucketize_sums", x, boundaries)
-        if fast is not None:
-            ids, sums, counts = fast
-        else:
-            ids = ops.cast(ops.bucketize(x, boundaries), "uint8")
-            wide = ops.cast(x, "float64")  # bucket sums in float64: a bucket's mean stays inside it
-            sums = ops.scatter_add(b, ops.cast(ids, "int32"), wide)
-            counts = ops.scatter_add(b, ops.cast(ids, "int32"), ops.full(n, 1.0, "float64", like=x))
+        ids, sums, counts = bucketize_sums(ops, x, boundaries)
         means = ops.div(sums, ops.maximum(counts, 1.0))
         return [ops.cast(means, ctx.dtype), ids]
 
     def decode(self, payload, ctx, ops):
         means, ids = payload
-        return ops.unpack_values(ids, 8, ctx.numel, means)
+        return steps.unpack_values(ops, ids, means, bits=8, n=ctx.numel)
 
     def payload_nbytes(self, shape, itemsize):
         return self.buckets * itemsize + numel_of(shape)
@@ -63,3 +58,15 @@ def _cuts(m: int, buckets: int) -> np.ndarray:
     """The ranks, in a sorted sample of ``m``, of the boundaries between ``buckets`` equal-count
     buckets."""
     return np.minimum(m - 1, (np.arange(1, buckets, dtype=np.int64) * m) // buckets).astype(np.int32)
+
+
+@accelerated("bucketize_sums")
+def bucketize_sums(ops, x, boundaries):
+    """Each element's bucket among the ascending ``boundaries`` (uint8), and each of the
+    ``len(boundaries) + 1`` buckets' float64 sum and count."""
+    b = ops.numel(boundaries) + 1
+    ids = ops.cast(ops.bucketize(x, boundaries), "uint8")
+    wide = ops.cast(x, "float64")  # bucket sums in float64: a bucket's mean stays inside it
+    sums = ops.scatter_add(b, ops.cast(ids, "int32"), wide)
+    counts = ops.scatter_add(b, ops.cast(ids, "int32"), ops.full(ops.numel(x), 1.0, "float64", like=x))
+    return ids, sums, counts

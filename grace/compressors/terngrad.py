@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import math
 
+from grace import steps
 from grace.compressor import TINY, Compressor, Seeded, compute_dtype, numel_of
 from grace.compressors.qsgd import level_values
 from grace.validation import check_positive
@@ -38,14 +39,15 @@ class TernGrad(Seeded, Compressor):
             scale = ops.minimum(scale, ops.scale(rms, self.clip))
         # Stochastic rounding of |x| / s to 0 or 1 is keeping with probability |x| / s; the
         # quantizer saturates, which clips the elements beyond s to it.
-        codes = ops.quantize_levels(x, ops.maximum(scale, TINY), 1, 2,
-                                    self._seed_of(name, ctx, shared=False), self.next_step(name, ops))
+        codes = steps.quantize_levels(
+            ops, x, ops.maximum(scale, TINY), levels=1, bits=2, block=max(ctx.numel, 1),
+            seed=(self._seed_of(name, ctx, shared=False), self.next_step(name, ops)))
         return [ops.cast(scale, ctx.dtype), codes]
 
     def decode(self, payload, ctx, ops):
         scale, packed = payload
         values = level_values(2, ops.cast(scale, compute_dtype(ctx.dtype)), ctx, ops, like=packed)
-        return ops.unpack_values(packed, 2, ctx.numel, values)
+        return steps.unpack_values(ops, packed, values, bits=2, n=ctx.numel)
 
     def payload_nbytes(self, shape, itemsize):
         return itemsize + math.ceil(numel_of(shape) * 2 / 8)

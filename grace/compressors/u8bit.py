@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from grace import steps
 from grace.compressor import TINY, Compressor, compute_dtype, numel_of
+from grace.kernels import accelerated
 
 # 128 magnitudes: 0 and 2^((i - 127) / 8) for i = 1..127, i.e. from 2^-15.75 to 1, 1/8 octave apart.
 TABLE = np.concatenate([[0.0], np.exp2((np.arange(1, 128) - 127) / 8.0)]).astype(np.float32)
@@ -27,20 +29,24 @@ class U8bit(Compressor):
         scale = ops.max_abs(x)
         divisor = ops.maximum(scale, TINY)
         boundaries = ops.constant(BOUNDARIES, "float32", like=flat)
-        fast = ops.fused("magnitude_buckets", x, divisor, boundaries)
-        if fast is not None:
-            return [ops.cast(scale, ctx.dtype), fast[0]]
-        relative = ops.cast(ops.div(ops.abs(x), divisor), "float32")
-        index = ops.bucketize(relative, boundaries)
-        negative = ops.cast(ops.less(x, 0.0), "int32")
-        return [ops.cast(scale, ctx.dtype), ops.cast(ops.add(index, ops.mul(negative, 128)), "uint8")]
+        return [ops.cast(scale, ctx.dtype), magnitude_buckets(ops, x, divisor, boundaries)]
 
     def decode(self, payload, ctx, ops):
         scale, codes = payload
         # The 256 possible bytes' values, computed once; the elements are decoded through them.
         value = ops.mul(ops.constant(TABLE, "float32", like=codes), ops.cast(scale, "float32"))
         table = ops.cast(ops.concat([value, ops.scale(value, -1.0)]), ctx.dtype)
-        return ops.unpack_values(codes, 8, ctx.numel, table)
+        return steps.unpack_values(ops, codes, table, bits=8, n=ctx.numel)
 
     def payload_nbytes(self, shape, itemsize):
         return itemsize + numel_of(shape)
+
+
+@accelerated("magnitude_buckets")
+def magnitude_buckets(ops, x, divisor, boundaries):
+    """Each element's code: how many ``boundaries`` are ``<= |x| / divisor``, plus 128 where
+    ``x < 0`` (uint8)."""
+    relative = ops.cast(ops.div(ops.abs(x), divisor), "float32")
+    index = ops.bucketize(relative, boundaries)
+    negative = ops.cast(ops.less(x, 0.0), "int32")
+    return ops.cast(ops.add(index, ops.mul(negative, 128)), "uint8")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from grace import steps
 from grace.memories.residual import ResidualMemory
 from grace.momentum import OwnsMomentum
 
@@ -28,10 +29,10 @@ class MomentumMemory(OwnsMomentum, ResidualMemory):
             return tensor if self.dampening == 0.0 else ops.scale(tensor, 1.0 - self.dampening)
         velocity = ops.load(self.velocities, name, like=tensor)
         # u starts at 0, so the first step is (1 - dampening) g, as Adam's first moment.
-        velocity = ops.scaled_sum(velocity, self.momentum, tensor, 1.0 - self.dampening)
+        velocity = steps.scaled_sum(ops, velocity, tensor, alpha=self.momentum, beta=1.0 - self.dampening)
         ops.save(self.velocities, name, velocity)
         if self.nesterov:
-            return ops.scaled_sum(velocity, self.momentum, tensor, 1.0)
+            return steps.scaled_sum(ops, velocity, tensor, alpha=self.momentum, beta=1.0)
         return velocity
 
     def compensate(self, tensor, name, ops):

@@ -28,7 +28,7 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -38,6 +38,9 @@ MIN_NUMEL = 1 << 12
 CROSSING_MIN_NUMEL = 1 << 18
 """The same for an adapter whose every call crosses into the host at a fixed cost (TensorFlow's
 ``tf.numpy_function``: tens of microseconds, which its own kernels beat on smaller tensors)."""
+
+MAX_CODE_BITS = 8
+"""The loops handle codes of up to this many bits (a code is a byte there)."""
 
 KERNEL_DTYPES = ("float32",)
 """What the loops read; the fused encoders and decoders also take their packed ``uint8`` input."""
@@ -284,7 +287,7 @@ def uniform(n: int, seed: int) -> np.ndarray:
 
 def quantize_levels(x: np.ndarray, divisors: np.ndarray, seed: int, levels: int, bits: int,
                     block: int) -> np.ndarray:
-    """``Ops.quantize_levels`` for float32 ``x``, each block of ``block`` elements against its own
+    """``grace.steps.quantize_levels`` for float32 ``x``, each block of ``block`` elements against its own
     float32 divisor: the packed sign-magnitude codes."""
     lib = _require()
     n = x.size
@@ -331,7 +334,7 @@ def _unpack_blocks(packed, tables, base, bits, n, block):
 
 
 def sign_bits(x: np.ndarray) -> np.ndarray:
-    """``Ops.sign_bits`` for float32 ``x``: 1 where x >= 0, packed."""
+    """``grace.steps.sign_bits`` for float32 ``x``: 1 where x >= 0, packed."""
     lib = _require()
     n = x.size
     out = _empty((n + 7) // 8, np.uint8)
@@ -570,37 +573,69 @@ def bucketize_sums(x: np.ndarray, boundaries: np.ndarray) -> tuple[np.ndarray, n
     return ids, sums.sum(0), counts.sum(0)
 
 
-FUSED: dict[str, tuple[Callable, Callable]] = {
-    # name: (the loop over numpy arrays, the outputs' (dtype, shape) from the inputs' shapes)
-    "quantize_levels": (quantize_levels, lambda x, divisors, levels, bits, block: [
-        ("uint8", ((x[0] * bits + 7) // 8,))]),
-    "block_sums": (block_sums, lambda x, block: [("float64", (4, -(-x[0] // block)))]),
-    "unpack_blocks": (unpack_blocks, lambda packed, tables, bits, n, block: [("float32", (n,))]),
-    "unpack_blocks_onto": (unpack_blocks_onto,
-                           lambda packed, tables, base, bits, n, block: [("float32", (n,))]),
-    "sign_bits": (sign_bits, lambda x: [("uint8", ((x[0] + 7) // 8,))]),
-    "unpack_values": (unpack_values, lambda packed, values, bits, n: [("float32", (n,))]),
-    "scaled_sum": (scaled_sum, lambda *shapes, alpha, beta: [("float32", shapes[-1])]),
-    "natural_encode": (natural_encode, lambda x: [("uint8", x), ("uint8", ((x[0] + 7) // 8,))]),
-    "natural_decode": (natural_decode, lambda codes, signs: [("float32", codes)]),
-    "magnitude_buckets": (magnitude_buckets, lambda x, divisor, boundaries: [("uint8", x)]),
-    "two_sided": (two_sided, lambda x, top, bottom: [
-        ("int64", (None,)), ("int64", (None,)), ("float64", (2,)), ("float64", (2,))]),
-    "inceptionn_encode": (inceptionn_encode, lambda x, inverse: [
-        ("uint8", ((x[0] + 3) // 4,)), ("int8", (None,)), ("int16", (None,)), ("float32", (None,))]),
-    "inceptionn_decode": (inceptionn_decode, lambda *shapes, n: [("float32", (n,))]),
-    "bucketize_sums": (bucketize_sums, lambda x, boundaries: [
-        ("uint8", x), ("float64", (boundaries[0] + 1,)), ("float64", (boundaries[0] + 1,))]),
+class Kernel(NamedTuple):
+    """One loop of ``kernels.c`` as ``grace.kernels`` runs it in place of a composite step."""
+
+    loop: Callable
+    """The loop over numpy arrays: the inputs, then the seed where it draws random numbers, then
+    keyword parameters (plain numbers); one array or a tuple of them."""
+    outputs: Callable
+    """The outputs' (dtype, shape) from the inputs' shapes and the parameters (None in a shape:
+    known only when it runs)."""
+    accepts: Callable = lambda dtypes, **params: True
+    """Whether the loop takes inputs of these dtypes with these parameters, beyond the first
+    input's dtype (float32, or uint8 for a decoder), which the policy checks."""
+
+
+def _float32(*positions: int) -> Callable:
+    """An ``accepts`` for loops that read the inputs at ``positions`` as float32."""
+    return lambda dtypes, **params: all(dtypes[i] == "float32" for i in positions)
+
+
+def _whole_codes(dtypes, bits, **params) -> bool:
+    return 8 % bits == 0 and dtypes[1] == "float32"
+
+
+KERNELS: dict[str, Kernel] = {
+    "quantize_levels": Kernel(quantize_levels, lambda x, divisors, levels, bits, block: [
+        ("uint8", ((x[0] * bits + 7) // 8,))], lambda dtypes, bits, **params: bits <= MAX_CODE_BITS),
+    "block_sums": Kernel(block_sums, lambda x, block: [("float64", (4, -(-x[0] // block)))],
+                         _float32(0)),
+    "unpack_blocks": Kernel(unpack_blocks, lambda packed, tables, bits, n, block: [("float32", (n,))],
+                            _whole_codes),
+    "unpack_blocks_onto": Kernel(unpack_blocks_onto,
+                                 lambda packed, tables, base, bits, n, block: [("float32", (n,))],
+                                 lambda dtypes, bits, **params: _whole_codes(dtypes, bits)
+                                 and dtypes[2] == "float32"),
+    "sign_bits": Kernel(sign_bits, lambda x: [("uint8", ((x[0] + 7) // 8,))], _float32(0)),
+    "unpack_values": Kernel(unpack_values, lambda packed, values, bits, n: [("float32", (n,))],
+                            lambda dtypes, bits, **params: bits <= MAX_CODE_BITS
+                            and dtypes[1] == "float32"),
+    "scaled_sum": Kernel(scaled_sum, lambda *shapes, alpha, beta: [("float32", shapes[-1])],
+                         lambda dtypes, **params: all(d == "float32" for d in dtypes)),
+    "natural_encode": Kernel(natural_encode, lambda x: [("uint8", x), ("uint8", ((x[0] + 7) // 8,))],
+                             _float32(0)),
+    "natural_decode": Kernel(natural_decode, lambda codes, signs: [("float32", codes)]),
+    "magnitude_buckets": Kernel(magnitude_buckets, lambda x, divisor, boundaries: [("uint8", x)],
+                                _float32(0, 1, 2)),
+    "two_sided": Kernel(two_sided, lambda x, top, bottom: [
+        ("int64", (None,)), ("int64", (None,)), ("float64", (2,)), ("float64", (2,))], _float32(0, 1, 2)),
+    "inceptionn_encode": Kernel(inceptionn_encode, lambda x, inverse: [
+        ("uint8", ((x[0] + 3) // 4,)), ("int8", (None,)), ("int16", (None,)), ("float32", (None,))],
+        _float32(0)),
+    "inceptionn_decode": Kernel(inceptionn_decode, lambda *shapes, n: [("float32", (n,))],
+                                _float32(3, 4)),
+    "bucketize_sums": Kernel(bucketize_sums, lambda x, boundaries: [
+        ("uint8", x), ("float64", (boundaries[0] + 1,)), ("float64", (boundaries[0] + 1,))],
+        _float32(0, 1)),
 }
-"""The loops ``Ops.fused`` may run, for the protocol's fused steps and for algorithms: each takes
-numpy arrays (then the seed where it draws random numbers, and keyword parameters) and returns one
-array or a tuple of them; beside it, the outputs' dtypes and shapes (None: known when it runs) from
-the inputs' shapes and the parameters."""
+"""The loops ``grace.kernels`` may run in place of the composite steps named alike: the protocol's
+shared steps (``grace.steps``) and single algorithms' encoders and decoders."""
 
 
-def run_fused(kernel: str, arrays: list, seed: int | None = None, **params):
-    """``FUSED[kernel]`` on contiguous arrays (and ``params``, plain numbers), as a tuple of arrays."""
-    fn = FUSED[kernel][0]
+def run_kernel(kernel: str, arrays: list, seed: int | None = None, **params):
+    """``KERNELS[kernel]`` on contiguous arrays (and ``params``, plain numbers), as a tuple of arrays."""
+    loop = KERNELS[kernel].loop
     arrays = [np.ascontiguousarray(a) for a in arrays]
-    result = fn(*arrays, seed, **params) if seed is not None else fn(*arrays, **params)
+    result = loop(*arrays, seed, **params) if seed is not None else loop(*arrays, **params)
     return result if isinstance(result, tuple) else (result,)

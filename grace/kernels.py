@@ -1,0 +1,88 @@
+"""grace/native's loops as one layer that every framework adapter gets.
+
+A step that the composite protocol code makes in several passes over a gradient (quantizing, packing
+signs, decoding by tables, a compressor's encoder) is written once, against ``Ops``, and marked
+``@accelerated("kernel")``: where ``grace.native.worth_running`` (the one policy: size, dtypes, host
+memory, the library built) and the kernel's own ``accepts`` allow it, this layer runs the kernel of
+that name on the step's tensors instead, through the adapter's ``on_host``; else the composite code
+runs. Both give the same bits (tests/test_native.py holds them to that), so an algorithm never names a
+kernel nor asks whether one runs, and a new adapter gets every kernel by providing ``on_host`` and
+``host_access``.
+
+The marked function takes ``(ops, *tensors, seed=None, **params)``: ``tensors`` are the kernel's
+inputs in its order (``None`` ones are left out), ``params`` its keyword parameters (plain numbers),
+and ``seed``, for a step that draws random numbers, ``(seed_of, step)`` as ``Ops.random_uniform``
+takes them. It returns what the kernel does: one tensor, or a tuple of them.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+from grace import native
+from grace.ops import Ops, Tensor
+
+ACCEPTED = ("float32", "uint8")
+"""The first input's dtypes the loops read: float32 gradients, and packed codes for the decoders."""
+
+
+def run(ops: Ops, kernel: str, tensors: list[Tensor], seed: tuple | None = None,
+        **params: Any) -> tuple | None:
+    """``grace.native.KERNELS[kernel]`` on ``tensors`` as a tuple of tensors, where the policy and
+    the kernel take them; else ``None``."""
+    spec = native.KERNELS[kernel]
+    first = tensors[0]
+    # Where the first input's size is known only when a graph runs, the output's (``n``) decides.
+    numel = params.get("n", ops.static_numel(first))
+    access = ops.host_access(tensors)
+    dtypes = [ops.dtype(t) for t in tensors]
+    if not (native.worth_running(numel, dtypes[:1], on_host=access.on_host,
+                                 contiguous=access.contiguous, crossing=access.crossing,
+                                 accept=ACCEPTED)
+            and spec.accepts(dtypes, **params)):
+        return None
+    specs = spec.outputs(*[ops.static_shape(t) for t in tensors], **params)
+    inputs = list(tensors)
+    if seed is None:
+        def loop(*arrays):
+            return native.run_kernel(kernel, list(arrays), **params)
+    elif isinstance(seed[1], int):  # a step known now: the seed too
+        value = seed[0](seed[1])
+
+        def loop(*arrays):
+            return native.run_kernel(kernel, list(arrays), value, **params)
+    else:  # a step that a traced graph counts: the seed when it runs
+        inputs.append(ops.cast(seed[1], "int64"))
+
+        def loop(*arrays):
+            return native.run_kernel(kernel, list(arrays[:-1]), seed[0](int(arrays[-1])), **params)
+
+    outputs = ops.on_host(loop, inputs, [dtype for dtype, _ in specs], [shape for _, shape in specs],
+                          pure=True)
+    # A loop's arrays are flat where its output is not (a sum shaped as its inputs).
+    return tuple(out if None in shape or ops.static_shape(out) == tuple(shape)
+                 else ops.reshape(out, shape) for out, (_, shape) in zip(outputs, specs))
+
+
+def accelerated(kernel: str) -> Callable[[Callable], Callable]:
+    """Mark a composite step as one that ``grace.native``'s loop ``kernel`` may run instead (see the
+    module docstring). The composite function stays reachable as ``.composite``."""
+    if kernel not in native.KERNELS:  # fails at import, not at the first large tensor
+        raise KeyError(f"grace.native has no kernel {kernel!r}; it has: {', '.join(native.KERNELS)}")
+
+    def mark(composite: Callable) -> Callable:
+        @functools.wraps(composite)
+        def step(ops: Ops, *tensors: Tensor, seed: tuple | None = None, **params: Any):
+            present = [t for t in tensors if t is not None]
+            fast = run(ops, kernel, present, seed, **params)
+            if fast is None:
+                return composite(ops, *tensors, seed=seed, **params) if seed is not None \
+                    else composite(ops, *tensors, **params)
+            return fast[0] if len(fast) == 1 else fast
+
+        step.composite = composite
+        step.kernel = kernel
+        return step
+
+    return mark

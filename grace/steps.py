@@ -1,0 +1,93 @@
+"""Steps that several algorithms share, written once against the ``Ops`` primitives.
+
+Each is the composite definition: several passes over a gradient with a full-size temporary for each.
+``@accelerated`` lets ``grace.kernels`` run grace/native's single-pass loop of the same name instead
+where one runs, which gives the same bits (tests/test_native.py holds them to that). Algorithms call
+these as ``steps.sign_bits(ops, x)``; ``Ops`` itself keeps to general primitives.
+"""
+
+from __future__ import annotations
+
+from grace.buckets import Buckets
+from grace.kernels import accelerated
+from grace.ops import Ops, Tensor
+
+
+@accelerated("quantize_levels")
+def quantize_levels(ops: Ops, x: Tensor, divisors: Tensor, *, seed: tuple, levels: int, bits: int,
+                    block: int) -> Tensor:
+    """Stochastic rounding of ``|x| / divisor * levels`` to an integer ``q`` (up with probability
+    equal to the fraction, by ``Ops.random_uniform`` with ``seed`` = ``(seed_of, step)``), at most
+    ``levels`` (elements beyond the divisor are clipped to it), sent as the sign-magnitude code
+    ``2 q + (x < 0)`` of ``bits`` bits, packed. ``divisors``: positive, one per ``block``
+    consecutive elements."""
+    n = ops.numel(x)
+    buckets = Buckets.of(n, block)
+    dtype = ops.dtype(x)
+    level = ops.scale(buckets.flat(ops.div(buckets.rows(ops.abs(x), ops),
+                                           buckets.column(ops.cast(divisors, dtype), ops)),
+                                   ops), float(levels))
+    low = ops.floor(level)
+    uniform = ops.random_uniform(n, seed[0], seed[1], like=x)
+    up = ops.less(ops.cast(uniform, dtype), ops.sub(level, low))
+    q = ops.minimum(ops.add(low, ops.cast(up, dtype)), float(levels))
+    negative = ops.cast(ops.less(x, 0.0), dtype)
+    return ops.pack_bits(ops.cast(ops.add(ops.scale(q, 2.0), negative), "int32"), bits)
+
+
+@accelerated("block_sums")
+def block_sums(ops: Ops, x: Tensor, *, block: int) -> Tensor:
+    """Per block of ``block`` consecutive elements of the 1-d ``x``: the count of ``x >= 0``, the
+    sum of those elements, the sum of the others, and the sum of squares, as a (4, blocks) float64
+    tensor, accumulated in float64."""
+    buckets = Buckets.of(ops.numel(x), block)
+    rows = buckets.rows(ops.cast(x, "float64"), ops)
+    nonnegative = ops.greater_equal(rows, 0.0)
+    zero = ops.zeros(1, "float64", like=rows)
+    # The padding's zeros count as non-negative (and add nothing): take them out of the count.
+    padding = ops.constant([0.0] * (buckets.count - 1) + [float(buckets.pad)], "float64", like=rows)
+    return ops.reshape(ops.concat([
+        ops.sub(ops.row_sums(ops.cast(nonnegative, "float64")), padding),
+        ops.row_sums(ops.where(nonnegative, rows, zero)),
+        ops.row_sums(ops.where(nonnegative, zero, rows)),
+        ops.row_sums(ops.mul(rows, rows))]), (4, buckets.count))
+
+
+@accelerated("unpack_blocks")
+def unpack_blocks(ops: Ops, packed: Tensor, tables: Tensor, *, bits: int, n: int, block: int) -> Tensor:
+    """``tables[i // block, code]`` for each of the ``n`` codes ``pack_bits`` packed: decoding with
+    one table of ``2**bits`` values per block of ``block`` elements (``tables``: (blocks, 2**bits),
+    the output's dtype)."""
+    buckets = Buckets.of(n, block)
+    codes = buckets.rows(ops.cast(ops.unpack_bits(packed, bits, n), "int32"), ops)
+    offsets = ops.mul(ops.arange(buckets.count, "int32", like=codes),
+                      ops.constant([1 << bits], "int32", like=codes))
+    index = buckets.flat(ops.add(codes, buckets.column(offsets, ops)), ops)
+    return ops.gather(ops.flatten(tables), index)
+
+
+@accelerated("unpack_blocks_onto")
+def unpack_blocks_onto(ops: Ops, packed: Tensor, tables: Tensor, base: Tensor, *, bits: int, n: int,
+                       block: int) -> Tensor:
+    """``base`` (1-d, ``n`` elements) plus ``unpack_blocks``, in one pass where a loop runs."""
+    return ops.add(base, unpack_blocks(ops, packed, tables, bits=bits, n=n, block=block))
+
+
+@accelerated("sign_bits")
+def sign_bits(ops: Ops, x: Tensor) -> Tensor:
+    """One bit per element, 1 where ``x >= 0``, packed."""
+    return ops.pack_bits(ops.greater_equal(x, 0.0), 1)
+
+
+@accelerated("unpack_values")
+def unpack_values(ops: Ops, packed: Tensor, values: Tensor, *, bits: int, n: int) -> Tensor:
+    """``values[code]`` for each of the ``n`` codes ``pack_bits`` packed (``Ops.unpack_values``)."""
+    return ops.unpack_values(packed, bits, n, values)
+
+
+@accelerated("scaled_sum")
+def scaled_sum(ops: Ops, a: Tensor | None, b: Tensor, *, alpha: float, beta: float) -> Tensor:
+    """``a * alpha + b * beta`` (``b * beta`` where ``a`` is None), each product rounded to the
+    dtype as ``Ops.scale`` does, then the sum; shaped as ``b``."""
+    right = ops.scale(b, beta)
+    return right if a is None else ops.add(ops.scale(a, alpha), right)
