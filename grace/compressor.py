@@ -9,6 +9,7 @@ from typing import Any, ClassVar, Sequence
 
 from grace import steps
 from grace.ops import Ops, Tensor, ops_for
+from grace.state import DEFAULT, StateStore
 
 Payload = list  # list[Tensor]: what goes into the collectives, in a fixed order
 
@@ -117,6 +118,8 @@ class Compressor(ABC):
     rounds: ClassVar[int] = 1
     encodes_rows: ClassVar[bool] = True
     elementwise: ClassVar[bool] = False
+    state_store: StateStore = DEFAULT
+    """Where state kept across steps is read and written (``grace.state``): the pipeline's own."""
 
     def compress(self, tensor: Tensor, name: str, ops: Ops | None = None,
                  rank: int = 0) -> tuple[Payload, Context]:
@@ -301,7 +304,7 @@ class Seeded:
         return lambda step: stable_seed(self.seed, name, step, ctx.rank)
 
     def next_step(self, name: str, ops: Ops) -> Any:
-        return ops.counter(self._steps, name)
+        return self.state_store.counter(ops, self._steps, name)
 
     def uniform(self, n: int, name: str, ctx: Context, ops: Ops, like: Tensor, step: Any = None):
         """``n`` float32 draws from [0, 1), different on each worker."""

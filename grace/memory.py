@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from grace.compressor import Compressor, Context, Payload
 from grace.ops import Ops, Tensor
+from grace.state import DEFAULT, StateStore
 
 
 class Memory(ABC):
@@ -17,6 +18,8 @@ class Memory(ABC):
     """
 
     name: ClassVar[str] = "abstract"
+    state_store: StateStore = DEFAULT
+    """Where state kept across steps is read and written (``grace.state``): the pipeline's own."""
 
     @abstractmethod
     def compensate(self, tensor: Tensor, name: str, ops: Ops) -> Tensor: ...

@@ -13,10 +13,10 @@ objects.
 from __future__ import annotations
 
 import importlib
-import threading
 from abc import ABC, abstractmethod
-from contextlib import contextmanager
 from typing import Any, Callable, NamedTuple, Sequence
+
+from grace.rng import draw_indices, draw_uniform
 
 Tensor = Any
 """A framework tensor (numpy array, torch.Tensor, tf.Tensor): opaque to algorithm code."""
@@ -106,8 +106,12 @@ def index_dtype(numel: int) -> str:
 class Ops(ABC):
     """Tensor primitives over one framework. Every method takes and returns that framework's tensors.
 
-    The set is deliberately small: what the algorithms of the catalogue need and nothing more, so that
-    a new framework adapter is a page of code.
+    Each primitive is general: no algorithm's name is in it. Steps that several algorithms share are
+    written once on top of these (``grace.steps``), grace/native's loops are found by their own layer
+    (``grace.kernels``), state and its transaction live in ``grace.state``, and the random numbers
+    are defined in ``grace.rng``. A new adapter implements the abstract methods (the numpy reference,
+    ``grace.backends.numpy_ops``, in about 200 lines) and may override the others for speed;
+    docs/adding-an-adapter.md is the checklist.
     """
 
     name: str = "abstract"
@@ -448,164 +452,72 @@ class Ops(ABC):
                        like: Tensor) -> Tensor:
         """``k`` distinct indices in ``[0, n)``, uniform, from a private generator seeded with
         ``seed_of(step)``. Every adapter draws them the same way (numpy's PCG64, never a global RNG),
-        so all workers and all frameworks agree given the seed. ``step`` is what ``counter`` returned
+        so all workers and all frameworks agree given the seed. ``step`` is what a counter returned
         (a tensor under ``tf.function``, where the draw happens when the graph runs)."""
         return self.from_numpy(draw_indices(n, k, seed_of(int(step))), like)
 
-    # --- state kept across steps ---------------------------------------------------------------
-    # Memories and compressors keep per-tensor state in plain dicts through ``load``, ``save`` and
-    # ``counter``, so that an adapter whose code is traced once (TensorFlow's tf.function) can hold
-    # it in variables that the traced graph reads and updates on every call. While a transaction is
-    # open (``within``), writes stay pending and reads see them; ``commit`` applies them, or drops
-    # them where the step must leave no trace (a non-finite gradient on some worker).
+    # --- storage that outlives a step ----------------------------------------------------------
+    # ``grace.state.StateStore`` keeps per-tensor state in plain dicts through these, so that an
+    # adapter whose code is traced once (TensorFlow's tf.function) can hold it in variables that the
+    # traced graph reads and updates on every call. The defaults hold values in the dict itself,
+    # which is all an eager framework needs.
 
-    @property
-    def _pending(self) -> dict | None:
-        """The transaction open in this thread (``within``), if any: a thread's own, so that workers
-        simulated in threads, or autograd's device threads, never write into another's."""
-        return getattr(_OPEN, "transaction", None)
+    def read_state(self, store: dict, key: str, like: Tensor, initial: Any = None) -> Tensor | None:
+        """``store[key]``; before the first write, ``initial`` (a numpy array) if given, else
+        ``None`` (zeros shaped like ``like`` in an adapter whose state must exist from the first
+        traced call)."""
+        if key in store:
+            return store[key]
+        return None if initial is None else self.from_numpy(initial, like)
 
-    @_pending.setter
-    def _pending(self, transaction: dict | None) -> None:
-        _OPEN.transaction = transaction
+    def write_state(self, store: dict, key: str, value: Any, unless: Any = False) -> None:
+        """Hold ``value`` as ``store[key]``, unless ``unless`` (``is_set``'s answer) is true; in a
+        traced graph, where that is only known when it runs, the old value is kept then."""
+        if not unless:
+            store[key] = value
 
-    def load(self, store: dict, key: str, like: Tensor, initial: Any = None) -> Tensor | None:
-        """The state ``store[key]`` (shaped like ``like``). Before the first ``save`` it is
-        ``initial`` (a numpy array) if given, else ``None`` here, zeros in adapters whose state must
-        exist from the first traced call."""
-        if self._pending is not None and (id(store), key) in self._pending:
-            return self._pending[(id(store), key)][2]
-        return self._load(store, key, like, initial)
+    def count_of(self, store: dict, key: str) -> Any:
+        """The integer counter ``store[key]`` (0 before the first addition)."""
+        return store.get(key, 0)
 
-    def load_rows(self, index_store: dict, value_store: dict, key: str, like_indices: Tensor,
-                  like: Tensor) -> tuple[Tensor, Tensor] | None:
-        """Rows kept as state (``save`` of indices into ``index_store`` and their 2-d values into
-        ``value_store``), whose number changes from step to step; ``None`` before the first save
-        here, no rows in adapters whose state must exist from the first traced call."""
-        indices = self.load(index_store, key, like=like_indices)
-        return None if indices is None else (indices, self.load(value_store, key, like=like))
-
-    def save(self, store: dict, key: str, value: Tensor) -> None:
-        if self._pending is not None:
-            self._pending[(id(store), key)] = (store, key, value)
-        else:
-            self._save(store, key, value)
-
-    def counter(self, store: dict, key: str, increment: int = 1) -> Any:
-        """Add ``increment`` to the integer counter ``store[key]`` (0 at first) and return its value
-        before the addition."""
-        if self._pending is None:
-            return self._counter(store, key, increment)
-        entry = self._pending.get((id(store), key))
-        value = entry[2] if entry is not None else self._counter_value(store, key)
-        self._pending[(id(store), key)] = (store, key, value + increment)
+    def add_to_count(self, store: dict, key: str, increment: Any) -> Any:
+        """Add ``increment`` to the counter ``store[key]`` and return its value before."""
+        value = store.get(key, 0)
+        store[key] = value + increment
         return value
 
-    @contextmanager
-    def within(self, transaction: dict | None):
-        """Route state writes into ``transaction`` (a dict from ``{}``) for the ``with`` block;
-        ``None`` writes through."""
-        previous, self._pending = self._pending, transaction
-        try:
-            yield
-        finally:
-            self._pending = previous
+    def as_count(self, increment: Any) -> Any:
+        """``increment`` in the type counters add up in (an int, or an int64 scalar tensor)."""
+        return increment
 
-    def dropped(self, discard: Tensor) -> Any:
-        """Whether the 1-element ``discard`` flag is non-zero (a bool, or a boolean tensor in a
-        traced graph)."""
-        return bool(float(self.to_numpy(discard).reshape(-1)[0]))
+    def prepare_rows(self, index_store: dict, value_store: dict, key: str, like_indices: Tensor,
+                     like: Tensor) -> None:
+        """Make rows kept as state (indices and 2-d values whose number changes from step to step)
+        exist before their first write, where the adapter's state must exist from the first traced
+        call (with no rows); nothing by default."""
 
-    def commit(self, transaction: dict, discard: Tensor) -> Any:
-        """Apply the pending writes, unless the 1-element ``discard`` flag is non-zero. Returns
-        whether they were dropped (``dropped``)."""
-        dropped = self.dropped(discard)
-        if not dropped:
-            for store, key, value in transaction.values():
-                self._save(store, key, value)
-        return dropped
+    def is_set(self, flag: Tensor) -> Any:
+        """Whether the 1-element ``flag`` is non-zero (a bool, or a boolean tensor in a traced
+        graph)."""
+        return bool(float(self.to_numpy(flag).reshape(-1)[0]))
 
     def nan_if(self, dropped: Any, x: Tensor) -> Tensor:
-        """``x``, or a tensor of NaN of its shape and dtype where ``dropped`` (``commit``'s
-        answer) is true."""
+        """``x``, or a tensor of NaN of its shape and dtype where ``dropped`` (``is_set``'s answer)
+        is true."""
         if not dropped:
             return x
         return self.reshape(self.full(self.numel(x), float("nan"), self.dtype(x), like=x),
                             self.shape(x))
 
-    # The adapter's own storage, without transactions.
-    def _load(self, store, key, like, initial):
-        if key in store:
-            return store[key]
-        return None if initial is None else self.from_numpy(initial, like)
-
-    def _save(self, store, key, value):
-        store[key] = value
-
-    def _counter_value(self, store, key):
-        return store.get(key, 0)
-
-    def _counter(self, store, key, increment):
-        value = store.get(key, 0)
-        store[key] = value + increment
-        return value
+    def snapshot(self, value: Any) -> Any:
+        """A copy of a held value that later writes do not change (for ``state_dict``)."""
+        return self.copy(value)
 
     def random_uniform(self, n: int, seed_of: Callable[[Any], int], step: Any, like: Tensor) -> Tensor:
         """``n`` float32 draws from [0, 1) from the counter-based generator keyed by
-        ``seed_of(step)`` (``counter_uniform_bits``): the same in every adapter and on every device."""
+        ``seed_of(step)`` (``grace.rng.counter_uniform_bits``): the same in every adapter and on
+        every device."""
         return self.from_numpy(draw_uniform(n, seed_of(int(step))), like)
-
-    @staticmethod
-    def value_of(state: Any) -> Any:
-        """A stored value as a plain Python/numpy value (for ``stats()`` and inspection)."""
-        return state.numpy() if hasattr(state, "numpy") else state
-
-
-_OPEN = threading.local()
-
-UNIFORM_SCALE = 2.0**-24
-"""``counter_uniform_bits`` gives 24 bits; times this, a float32 in [0, 1), exactly."""
-
-
-def _lowbias32(x: Any, mask: int) -> Any:
-    """Chris Wellons's "lowbias32" integer hash, on values below 2**32 held in any integer type
-    (numpy uint32, or int64 where unsigned 32-bit products are not to be had): every product is
-    reduced to its low 32 bits, which wrap-around in the wider type keeps exact."""
-    x = x ^ (x >> 16)
-    x = (x * 0x7FEB352D) & mask
-    x = x ^ (x >> 15)
-    x = (x * 0x846CA68B) & mask
-    return x ^ (x >> 16)
-
-
-def counter_uniform_bits(index: Any, seed: int) -> Any:
-    """24 random bits for each element index, a pure function of (seed, index): a counter-based
-    generator (Salmon et al., "Parallel Random Numbers: As Easy as 1, 2, 3", SC 2011) built from two
-    rounds of an integer hash keyed by the seed's two 32-bit words. Any range of a tensor can be drawn
-    by itself, on any device, and every adapter (numpy, torch on CPU or GPU, grace/native's C) gets
-    the same bits. ``index``: a numpy uint32 array or a torch int64 tensor (indices below 2**32)."""
-    mask = 0xFFFFFFFF
-    k0, k1 = seed & mask, (seed >> 32) & mask
-    h = _lowbias32((index + k0) & mask, mask)
-    return _lowbias32(h ^ k1, mask) >> 8
-
-
-def reference_uniform(n: int, seed: int):
-    """``counter_uniform_bits`` as float32 in [0, 1), in numpy."""
-    import numpy as np
-
-    bits = counter_uniform_bits(np.arange(n, dtype=np.uint32), seed)
-    return bits.astype(np.float32) * np.float32(UNIFORM_SCALE)
-
-
-def draw_uniform(n: int, seed: int):
-    """``n`` float32 draws from [0, 1) for ``seed`` as a numpy array: grace/native's loop where it
-    is built, else numpy; the same numbers either way."""
-    from grace import native
-
-    if native.worth_running(n, []):
-        return native.uniform(n, seed)
-    return reference_uniform(n, seed)
 
 
 def host_row_sums(rows):
@@ -613,14 +525,6 @@ def host_row_sums(rows):
     import numpy as np
 
     return np.sum(np.asarray(rows, dtype=np.float64), axis=1)
-
-
-def draw_indices(n: int, k: int, seed: int):
-    """The one definition of random-k's index draw, shared by every adapter: ascending, so that
-    gathering and scattering walk memory forwards (see ``Ops.topk_indices``)."""
-    import numpy as np
-
-    return np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False)).astype(index_dtype(n))
 
 
 _BACKENDS = {

@@ -19,6 +19,7 @@ from grace.memory import Memory
 from grace.momentum import OptimizerMomentum, owner
 from grace.ops import FLOAT_DTYPES, Ops, Tensor, ops_for
 from grace.sparse import RowResidual, Rows, RowsCodec, RowVelocity, payload_bytes_horovod
+from grace.state import StateStore, plain
 
 GRANULARITIES = ("layer", "bucket")
 
@@ -84,27 +85,6 @@ class Exchange:
             for position, shape, piece in zip(entry.positions, entry.shapes, pieces):
                 out[position] = ops.reshape(piece, shape)
         return out[0] if self.single else out
-
-
-def _copy(value: Any) -> Any:
-    if hasattr(value, "clone"):  # torch
-        return value.clone()
-    if hasattr(value, "assign"):  # a TensorFlow variable
-        return value.numpy()
-    return ops_for(value).copy(value) if hasattr(value, "shape") else value
-
-
-def _copy_stores(stores: dict[str, dict]) -> dict[str, dict]:
-    return {attr: {name: _copy(v) for name, v in entries.items()} for attr, entries in stores.items()}
-
-
-def _restore(store: dict, key: str, value: Any, ops: Ops | None) -> None:
-    if ops is not None:
-        ops.save(store, key, value)
-    elif hasattr(store.get(key), "assign"):
-        store[key].assign(value)
-    else:
-        store[key] = _copy(value)
 
 
 def _sum_payloads(payloads: list, ops: Ops) -> list:
@@ -187,7 +167,17 @@ class Pipeline:
         self._row_residual = RowResidual()  # sparse gradients' error feedback, as rows
         self._row_velocity = RowVelocity()  # their momentum, when taken over
         self._row_communicator = Allgather()
+        self.state_store = StateStore()
+        """This pipeline's state and its step's transaction (``grace.state``), which every part
+        it drives reads and writes through."""
+        self._own(compressor, memory, self._dense_compressor, self._dense_memory, self._row_residual,
+                  self._row_velocity)
         self.reset_stats()
+
+    def _own(self, *parts: Any) -> None:
+        """Give ``parts`` this pipeline's state store."""
+        for part in parts:
+            part.state_store = self.state_store
 
     def __repr__(self) -> str:
         dense = "" if isinstance(self._dense_memory, NoneMemory) else f", dense_memory={self._dense_memory!r}"
@@ -244,6 +234,7 @@ class Pipeline:
             if isinstance(part, MomentumMemory) and part.momentum_params() == dense.momentum_params():
                 # One velocity per tensor: a warm-up's dense steps build what compression continues.
                 dense.velocities = part.velocities
+        self._own(dense)
         self._dense_memory = dense
         rows = self._row_velocity
         rows.momentum, rows.nesterov, rows.dampening = found.momentum, found.nesterov, found.dampening
@@ -306,20 +297,21 @@ class Pipeline:
                    and self.plan(table, ops.dtype(values), ops) == "compressed")
         if self.check_finite:
             entry.transaction, entry.flagged = {}, True
-        with ops.within(entry.transaction):
+        with self.state_store.within(entry.transaction):
             if encoded and self.warmup_steps:
-                exchange = ops.counter(self._exchanges, name)
+                exchange = self.state_store.counter(ops, self._exchanges, name)
                 # In a traced graph the count is a tensor: no warm-up for rows there.
                 encoded = not isinstance(exchange, int) or exchange >= self.warmup_steps
             residual = None if isinstance(self.memory, NoneMemory) else self._row_residual
             velocity = self._row_velocity if self._taken is not None else None
             entry.compressor = RowsCodec(self.compressor, encoded, table, residual, velocity,
                                          transactional=self.check_finite)
+            self._own(entry.compressor)
             entry.memory, entry.communicator = NoneMemory(), self._row_communicator
             entry.payload, entry.ctx = entry.compressor.encode_rows(rows.indices, values, name, ops,
                                                                     group.rank)
-        ops.counter(self._counters, "bytes_dense", payload_bytes_horovod(rows, ops))
-        ops.counter(self._counters, "tensors", 1)
+        self.state_store.counter(ops, self._counters, "bytes_dense", payload_bytes_horovod(rows, ops))
+        self.state_store.counter(ops, self._counters, "tensors", 1)
         tag = f"grace.{name}"
         sent = self._send_round([entry], tag, group, ops, self._flag_of([entry], ops))
         return Exchange(tag, [entry], 1, ops, [entry], sent, single=True)
@@ -368,7 +360,7 @@ class Pipeline:
         dense, count = plan == "dense", False
         if not dense and self.warmup_steps:
             # Read here; counted with the step's other state writes, so a skipped step undoes it.
-            exchange = ops.counter(self._exchanges, entry.name, 0)
+            exchange = self.state_store.counter(ops, self._exchanges, entry.name, 0)
             if not isinstance(exchange, int):
                 entry.flagged = self.check_finite
                 entry.deferred = self._traced_warmup(entry, exchange, group, ops)
@@ -390,21 +382,21 @@ class Pipeline:
             entry.transaction = {}
             entry.flagged = not carries
         source = entry.source
-        with ops.within(entry.transaction):
+        with self.state_store.within(entry.transaction):
             if count:
-                ops.counter(self._exchanges, entry.name)
+                self.state_store.counter(ops, self._exchanges, entry.name)
             entry.compensated = entry.memory.compensate(source, entry.name, ops)
-        ops.counter(self._counters, "bytes_dense", ops.numel(source) * ops.itemsize(ops.dtype(source)))
-        ops.counter(self._counters, "tensors", len(entry.positions))
+        self.state_store.counter(ops, self._counters, "bytes_dense",
+                                 ops.numel(source) * ops.itemsize(ops.dtype(source)))
+        self.state_store.counter(ops, self._counters, "tensors", len(entry.positions))
         entry.ctx = Context(ops.shape(source), ops.dtype(source), ops.numel(source), rank=group.rank)
         if not dense and entry.compressor.agrees_on_form:
             entry.vote = entry.compressor.not_smaller(ops.flatten(entry.compensated), entry.ctx, ops)
         else:
             self._encode(entry, group, ops)
 
-    @staticmethod
-    def _encode(entry: Entry, group: Collectives, ops: Ops) -> None:
-        with ops.within(entry.transaction):
+    def _encode(self, entry: Entry, group: Collectives, ops: Ops) -> None:
+        with self.state_store.within(entry.transaction):
             entry.payload, entry.ctx = entry.compressor.compress(entry.compensated, entry.name, ops,
                                                                  rank=group.rank)
             if entry.compressor.rounds == 1:
@@ -423,12 +415,12 @@ class Pipeline:
         if not voting:
             return
         votes = ops.concat([e.vote for e in voting]) if len(voting) > 1 else voting[0].vote
-        ops.counter(self._counters, "bytes_control", ops.nbytes(votes))
+        self.state_store.counter(ops, self._counters, "bytes_control", ops.nbytes(votes))
         agreed = group.synchronize(group.allreduce_async(votes, f"{tag}.form"))
         pieces = ops.split(agreed, [1] * len(voting)) if len(voting) > 1 else [agreed]
         for entry, piece in zip(voting, pieces):
             entry.vote = None
-            dense = ops.dropped(piece)
+            dense = ops.is_set(piece)
             if isinstance(dense, bool):
                 if dense:
                     entry.compressor, entry.communicator = self._dense_compressor, self._dense_communicator
@@ -463,10 +455,10 @@ class Pipeline:
                 return self._exchange_now(branch, group, ops, scale, discard)
             result = ops.cond(exchange < self.warmup_steps, lambda: way(True), lambda: way(False))
             counted: dict | None = {} if self.check_finite else None
-            with ops.within(counted):
-                ops.counter(self._exchanges, entry.name)
+            with self.state_store.within(counted):
+                self.state_store.counter(ops, self._exchanges, entry.name)
             if counted is not None:
-                ops.commit(counted, discard)
+                self.state_store.commit(ops, counted, discard)
             return result
         return deferred
 
@@ -477,7 +469,7 @@ class Pipeline:
         total = self._collect([entry], sent, f"grace.{entry.name}", group, ops, scale)[0][0]
         if entry.transaction is None:
             return total
-        return ops.nan_if(ops.commit(entry.transaction, discard), total)
+        return ops.nan_if(self.state_store.commit(ops, entry.transaction, discard), total)
 
     @staticmethod
     def _carries_nonfinite(compressor, memory, communicator) -> bool:
@@ -513,12 +505,12 @@ class Pipeline:
                                          flag, tag, group, ops)
             if started.carries_flag:
                 flag = None
-            ops.counter(self._counters, "bytes_sent", started.bytes_sent)
+            self.state_store.counter(ops, self._counters, "bytes_sent", started.bytes_sent)
             if started.bytes_control:
-                ops.counter(self._counters, "bytes_control", started.bytes_control)
+                self.state_store.counter(ops, self._counters, "bytes_control", started.bytes_control)
             sent.groups.append((communicator, members, started))
         if flag is not None:
-            ops.counter(self._counters, "bytes_control", ops.nbytes(flag))
+            self.state_store.counter(ops, self._counters, "bytes_control", ops.nbytes(flag))
             sent.flag = group.allreduce_async(flag, f"{tag}.nonfinite")
         return sent
 
@@ -560,7 +552,7 @@ class Pipeline:
                 entry = entries[i]
                 entry.payload = payload
                 if compressor.rounds == step:
-                    with ops.within(entry.transaction):
+                    with self.state_store.within(entry.transaction):
                         entry.memory.update(entry.compensated, entry.name, compressor, payload,
                                             entry.ctx, ops)
             round_entries = [entries[i] for i in later]
@@ -570,11 +562,11 @@ class Pipeline:
                 payloads[i] = payload
                 entry = entries[i]
                 if entry.compressor.rounds == step:
-                    with ops.within(entry.transaction):
+                    with self.state_store.within(entry.transaction):
                         entry.compressor.after_aggregate(_sum_payloads(payload, ops), entry.ctx, ops)
         totals = []
         for entry, payload in zip(entries, payloads):
-            with ops.within(entry.transaction):
+            with self.state_store.within(entry.transaction):
                 totals.append(entry.compressor.combine(payload, entry.ctx, ops, scale))
         return totals, flag
 
@@ -621,11 +613,11 @@ class Pipeline:
         for entry in entries:
             if entry.deferred is not None:
                 entry.result = entry.deferred(discard, scale)
-        dropped = ops.dropped(discard)
+        dropped = ops.is_set(discard)
         for entry in entries:
             if entry.deferred is None:
                 if entry.transaction is not None:
-                    ops.commit(entry.transaction, discard)
+                    self.state_store.commit(ops, entry.transaction, discard)
                 if isinstance(entry.compressor, RowsCodec):
                     entry.compressor.settle(discard, ops)
                 entry.result = ops.nan_if(dropped, entry.result)
@@ -640,12 +632,12 @@ class Pipeline:
         byte counts: copies, as tensors of the framework that made them (numpy arrays for
         TensorFlow variables). Each worker's state is its own: save it per worker."""
         return {"config": repr(self),
-                "compressor": _copy_stores(self.compressor.state()),
-                "memory": _copy_stores(self.memory.state()),
-                "dense_memory": _copy_stores(self._dense_memory.state()),
-                "pipeline": _copy_stores({"exchanges": self._exchanges}),
-                "rows": _copy_stores(self._row_stores()),
-                "stats": _copy_stores({"counters": self._counters})["counters"]}
+                "compressor": StateStore.export(self.compressor.state()),
+                "memory": StateStore.export(self.memory.state()),
+                "dense_memory": StateStore.export(self._dense_memory.state()),
+                "pipeline": StateStore.export({"exchanges": self._exchanges}),
+                "rows": StateStore.export(self._row_stores()),
+                "stats": StateStore.export({"counters": self._counters})["counters"]}
 
     def load_state_dict(self, state: dict[str, Any], ops: Ops | None = None) -> None:
         """Continue from ``state_dict()``'s result. ``ops`` is the adapter to hold the values (needed
@@ -659,9 +651,9 @@ class Pipeline:
         for part, stores in parts:
             for attr, entries in state.get(part, {}).items():
                 for name, value in entries.items():
-                    _restore(stores[attr], name, value, ops)
+                    StateStore.restore(stores[attr], name, value, ops)
         for key, value in state["stats"].items():
-            _restore(self._counters, key, value, ops)
+            StateStore.restore(self._counters, key, value, ops)
 
     def _row_stores(self) -> dict[str, dict]:
         """The sparse gradients' state: residual rows and, when the momentum was taken over,
@@ -674,7 +666,7 @@ class Pipeline:
         """Cumulative for this worker: payload bytes sent into collectives, the bytes the dense
         tensors would have taken, their ratio, how many tensors went through, and the bytes of the
         4-byte non-finite flags (``bytes_control``)."""
-        counts = {key: int(Ops.value_of(self._counters.get(key, 0)))
+        counts = {key: int(plain(self._counters.get(key, 0)))
                   for key in ("bytes_sent", "bytes_dense", "tensors", "bytes_control")}
         sent, dense = counts["bytes_sent"], counts["bytes_dense"]
         counts["compression_ratio"] = dense / sent if sent else float("nan")
@@ -683,14 +675,9 @@ class Pipeline:
     def count_control(self, nbytes: int, ops: Ops) -> None:
         """Count a wrapper's own control message (its bytes put into a collective that carries no
         gradient: the PyTorch wrapper's one agreement on which gradients are sparse)."""
-        ops.counter(self._counters, "bytes_control", nbytes)
+        self.state_store.counter(ops, self._counters, "bytes_control", nbytes)
 
     def reset_stats(self) -> None:
         counters = getattr(self, "_counters", {})
-        for key, value in counters.items():
-            # Counters may be variables that a traced function updates: reset them in place.
-            if hasattr(value, "assign"):
-                value.assign(0)
-            else:
-                counters[key] = 0
+        StateStore.zero_counts(counters)  # in place: a traced function may hold them as variables
         self._counters = counters

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 from grace.compressor import Compressor, Context, Sparse, compute_dtype, numel_of
 from grace.ops import Ops, Tensor, index_dtype
+from grace.state import DEFAULT, StateStore, plain
 
 
 @dataclass
@@ -57,20 +58,23 @@ class RowResidual:
     steps' encodings left out, added to the next step's rows before encoding. Only rows that were
     touched are held."""
 
+    state_store: StateStore = DEFAULT
+
     def __init__(self):
         self.row_indices: dict = RowStore()
         self.row_values: dict = RowStore()
 
     def compensate(self, indices: Tensor, rows: Tensor, width: int, name: str, ops: Ops
                    ) -> tuple[Tensor, Tensor]:
-        kept = ops.load_rows(self.row_indices, self.row_values, name, like_indices=indices, like=rows)
+        kept = self.state_store.load_rows(ops, self.row_indices, self.row_values, name,
+                                          like_indices=indices, like=rows)
         if kept is None:
             return indices, rows
         return merge([indices, kept[0]], [rows, kept[1]], width, ops)
 
     def update(self, indices: Tensor, residual: Tensor, name: str, ops: Ops) -> None:
-        ops.save(self.row_indices, name, indices)
-        ops.save(self.row_values, name, residual)
+        self.state_store.save(ops, self.row_indices, name, indices)
+        self.state_store.save(ops, self.row_values, name, residual)
 
 
 class RowVelocity:
@@ -78,6 +82,8 @@ class RowVelocity:
     exchanged rows of a sparse gradient as the optimizer would have: ``u = momentum * u + (1 -
     dampening) * g`` over the rows ever touched (rows not touched this step decay), stepping by
     ``u``, or ``g + momentum * u`` with Nesterov."""
+
+    state_store: StateStore = DEFAULT
 
     def __init__(self):
         self.momentum = 0.0
@@ -90,15 +96,15 @@ class RowVelocity:
              ) -> tuple[Tensor, Tensor]:
         if self.momentum == 0.0:
             return indices, rows if self.dampening == 0.0 else ops.scale(rows, 1.0 - self.dampening)
-        kept = ops.load_rows(self.velocity_indices, self.velocity_values, name,
+        kept = self.state_store.load_rows(ops, self.velocity_indices, self.velocity_values, name,
                              like_indices=indices, like=rows)
         fresh = ops.scale(rows, 1.0 - self.dampening) if self.dampening else rows
         if kept is None:
             velocity = (indices, fresh)
         else:
             velocity = merge([indices, kept[0]], [fresh, ops.scale(kept[1], self.momentum)], width, ops)
-        ops.save(self.velocity_indices, name, velocity[0])
-        ops.save(self.velocity_values, name, velocity[1])
+        self.state_store.save(ops, self.velocity_indices, name, velocity[0])
+        self.state_store.save(ops, self.velocity_values, name, velocity[1])
         if self.nesterov:
             return merge([indices, velocity[0]], [rows, ops.scale(velocity[1], self.momentum)], width,
                          ops)
@@ -136,8 +142,8 @@ class RowsCodec(Compressor):
     def encode_rows(self, indices: Tensor, rows: Tensor, name: str, ops: Ops,
                     rank: int) -> tuple[list, Context]:
         """This worker's payload for the 2-d ``rows`` at ``indices`` (repeats allowed), error
-        feedback added before encoding and kept after it (state writes go where ``ops.within``
-        routes them)."""
+        feedback added before encoding and kept after it (state writes go where
+        ``StateStore.within`` routes them)."""
         indices, rows = merge([indices], [rows], self.width, ops)
         if self.encoded and not isinstance(ops.size(indices), int) and not self.inner.elementwise:
             # A traced graph, whose number of rows is known only when it runs: every worker
@@ -224,6 +230,7 @@ class HostRows:
 
         self.ops = NumpyOps()
         self.codec = RowsCodec(codec.inner, True, codec.table, codec.residual_rows, codec.velocity)
+        self.codec.state_store = self.state_store = codec.state_store
         self.name, self.rank, self.width = name, rank, codec.width
         self.transactional = codec.transactional
         self.writes: dict | None = None
@@ -239,7 +246,7 @@ class HostRows:
         def encode(indices, rows):
             _state_on_host(self.codec)
             self.writes = {}
-            with self.ops.within(self._writes()):
+            with self.state_store.within(self._writes()):
                 payload, _ = self.codec.encode_rows(indices, rows, self.name, self.ops, self.rank)
             buffer, self.layout = pack_bytes([((0, j), t, True) for j, t in enumerate(payload)],
                                              None, self.ops)
@@ -255,7 +262,7 @@ class HostRows:
             parts = [unpack_bytes(b, self.layout, 1, self.ops)[0][0] for b in buffers]
             host_payloads = [[p[(0, j)] for j in range(len(self.layout.parts))] for p in parts]
             host_ctx = self.codec._context(self.name, ctx.dtype, self.rank)
-            with self.ops.within(self._writes()):
+            with self.state_store.within(self._writes()):
                 values = self.codec.combine(host_payloads, host_ctx, self.ops, scale)
             return [host_ctx.data["indices"].astype(np.int64), values]
         indices, self.decoded = ops.on_host(decode, [p[0] for p in payloads], ["int64", ctx.dtype],
@@ -270,7 +277,7 @@ class HostRows:
         def commit(discard, _):
             import numpy as np
 
-            self.ops.commit(self.writes, discard)
+            self.state_store.commit(self.ops, self.writes, discard)
             return [np.zeros(1, np.float32)]
         # The decoded rows as an input: the commit runs after the decoding's writes.
         ops.on_host(commit, [discard, self.decoded], ["float32"], [[1]])
@@ -285,7 +292,7 @@ def _state_on_host(codec: RowsCodec) -> None:
             if isinstance(store, RowStore):
                 for key, value in store.items():
                     if not isinstance(value, np.ndarray):
-                        store[key] = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+                        store[key] = np.asarray(plain(value))
 
 
 def payload_bytes_horovod(rows: Rows, ops: Ops) -> Any:

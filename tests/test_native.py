@@ -17,7 +17,8 @@ import grace
 from frameworks.torch.ops import TorchOps
 from grace import native, steps
 from grace.backends.numpy_ops import NumpyOps
-from grace.ops import Ops, counter_uniform_bits, draw_uniform, reference_uniform
+from grace.ops import Ops
+from grace.rng import counter_uniform_bits, draw_uniform, reference_uniform
 
 TORCH = TorchOps()
 NUMPY = NumpyOps()

@@ -13,7 +13,7 @@ import torch
 import grace
 from frameworks.torch.ops import TorchOps
 from grace.backends.numpy_ops import NumpyOps
-from grace.ops import draw_indices
+from grace.rng import draw_indices
 
 WORKERS = 3
 ONE_ROUND = [name for name in grace.available() if grace.build(name).compressor.rounds == 1]

@@ -10,7 +10,8 @@ import numpy as np
 import tensorflow as tf
 
 from grace import native
-from grace.ops import HostAccess, Ops, draw_indices, draw_uniform, host_row_sums, index_dtype, unpack_table
+from grace.ops import HostAccess, Ops, host_row_sums, index_dtype, unpack_table
+from grace.rng import draw_indices, draw_uniform
 from grace.sparse import RowStore
 
 HOST_GATHER_MIN = 1 << 16
@@ -378,7 +379,7 @@ class TensorFlowOps(Ops):
         indices.set_shape([k])
         return indices
 
-    def _load(self, store, key, like, initial):
+    def read_state(self, store, key, like, initial=None):
         if key not in store:
             value = tf.zeros_like(like) if initial is None else tf.constant(initial, like.dtype)
             store[key] = tf.Variable(value, trainable=False, name=_variable_name(key))
@@ -394,41 +395,38 @@ class TensorFlowOps(Ops):
                                          name=_variable_name(key))
         return store[key]
 
-    def load_rows(self, index_store, value_store, key, like_indices, like):
+    def prepare_rows(self, index_store, value_store, key, like_indices, like):
         # State must exist from the first traced call: no rows at first.
         if key not in index_store:
             self._variable(index_store, key, tf.zeros([0], like_indices.dtype))
             self._variable(value_store, key, tf.zeros([0, *like.shape[1:]], like.dtype))
-        return self.load(index_store, key, like_indices), self.load(value_store, key, like)
 
-    def _save(self, store, key, value):
-        self._variable(store, key, value).assign(value)
+    def write_state(self, store, key, value, unless=False):
+        variable = self._variable(store, key, value)
+        if unless is False:
+            variable.assign(value)
+            return
+        # In a traced graph the flag is only known when it runs: keep the old value where it is set.
+        value = tf.cast(value, variable.dtype)
+        if isinstance(store, RowStore):  # old and new may differ in rows
+            variable.assign(tf.cond(unless, variable.read_value, lambda: value))
+        else:
+            variable.assign(tf.where(unless, variable.read_value(), value))
 
-    def _counter_value(self, store, key):
+    def count_of(self, store, key):
         return self._variable(store, key, tf.constant(0, tf.int64)).read_value()
 
-    def _counter(self, store, key, increment):
-        increment = tf.cast(increment, tf.int64)
+    def add_to_count(self, store, key, increment):
         return self._variable(store, key, tf.constant(0, tf.int64)).assign_add(increment) - increment
 
-    def counter(self, store, key, increment=1):
-        return super().counter(store, key, tf.cast(increment, tf.int64))
+    def as_count(self, increment):
+        return tf.cast(increment, tf.int64)
 
-    def dropped(self, discard):
-        return tf.reshape(tf.cast(discard, tf.float32), [-1])[0] > 0
+    def is_set(self, flag):
+        return tf.reshape(tf.cast(flag, tf.float32), [-1])[0] > 0
 
-    def commit(self, transaction, discard):
-        # In a traced graph the flag is only known when it runs: every write keeps the old value
-        # where the flag is set.
-        drop = self.dropped(discard)
-        for store, key, value in transaction.values():
-            variable = self._variable(store, key, value)
-            value = tf.cast(value, variable.dtype)
-            if isinstance(store, RowStore):  # old and new may differ in rows
-                variable.assign(tf.cond(drop, variable.read_value, lambda v=value: v))
-            else:
-                variable.assign(tf.where(drop, variable.read_value(), value))
-        return drop
+    def snapshot(self, value):
+        return value.numpy() if isinstance(value, tf.Variable) else tf.identity(value)
 
     def nan_if(self, dropped, x):
         return tf.where(dropped, tf.fill(tf.shape(x), tf.constant(float("nan"), x.dtype)), x)

@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from grace import native
-from grace.ops import UNIFORM_SCALE, HostAccess, Ops, counter_uniform_bits, index_dtype, unpack_table
+from grace.ops import HostAccess, Ops, index_dtype, unpack_table
+from grace.rng import UNIFORM_SCALE, counter_uniform_bits
 
 
 def _numpy_float(x: torch.Tensor) -> bool:

@@ -47,8 +47,8 @@ class PowerSGD(Compressor):
         matrix = ops.reshape(ops.cast(flat, dtype), (n, m))
         # The same initial Q on every worker (and in every framework): drawn from the tensor's name.
         initial = np.random.default_rng(stable_seed(self.seed, name)).standard_normal((m, r))
-        q = ops.load(self.q, name, like=ops.zeros(m * r, dtype, like=flat),
-                     initial=initial.astype(dtype).reshape(-1))
+        q = self.state_store.load(ops, self.q, name, like=ops.zeros(m * r, dtype, like=flat),
+                                  initial=initial.astype(dtype).reshape(-1))
         p = ops.matmul(matrix, ops.reshape(q, (m, r)))
         ctx.data.update(matrix=matrix, dims=(n, m, r), name=name)
         return [ops.cast(ops.flatten(p), ctx.dtype)]
@@ -84,7 +84,8 @@ class PowerSGD(Compressor):
         return [ops.cast(ops.flatten(ops.matmul(ctx.data["matrix"], p, transpose_a=True)), ctx.dtype)]
 
     def after_aggregate(self, aggregated, ctx, ops):
-        ops.save(self.q, ctx.data["name"], ops.cast(aggregated[0], compute_dtype(ctx.dtype)))
+        self.state_store.save(ops, self.q, ctx.data["name"],
+                              ops.cast(aggregated[0], compute_dtype(ctx.dtype)))
 
     def residual(self, compensated, payload, ctx, ops, overwrite=False):
         # M - P Q_localᵀ in one product-and-subtract, without the n × m approximation.

@@ -128,9 +128,9 @@ class Signum(OwnsMomentum, SignSGD):
 
     def encode(self, flat, name, ctx, ops):
         # sign() ignores a positive scale, so the optimizer's dampening does not matter here.
-        momentum = ops.load(self.momentum_buffers, name, like=flat)
+        momentum = self.state_store.load(ops, self.momentum_buffers, name, like=flat)
         momentum = steps.scaled_sum(ops, momentum, flat, alpha=self.beta, beta=1.0 - self.beta)
-        ops.save(self.momentum_buffers, name, momentum)
+        self.state_store.save(ops, self.momentum_buffers, name, momentum)
         if self.nesterov:
             momentum = steps.scaled_sum(ops, momentum, flat, alpha=self.beta, beta=1.0 - self.beta)
         return [steps.sign_bits(ops, momentum)]

@@ -41,11 +41,12 @@ class DGCMemory(MomentumMemory):
         if indices is None:
             sent = ops.abs(ops.flatten(compressor.decompress(payload, ctx, ops)))
             indices = ops.nonzero(ops.less(ops.scale(sent, -1.0), 0.0))  # sent != 0
-        ops.save(self.residuals, name, compressor.residual(compensated, payload, ctx, ops,
-                                                           overwrite=True))
+        residual = compressor.residual(compensated, payload, ctx, ops, overwrite=True)
+        self.state_store.save(ops, self.residuals, name, residual)
         if self.momentum != 0.0:
-            velocity = ops.flatten(ops.load(self.velocities, name, like=compensated))
-            ops.save(self.velocities, name, ops.reshape(ops.zero_at(velocity, indices), ctx.shape))
+            velocity = ops.flatten(self.state_store.load(ops, self.velocities, name, like=compensated))
+            self.state_store.save(ops, self.velocities, name,
+                                  ops.reshape(ops.zero_at(velocity, indices), ctx.shape))
 
     def __repr__(self):
         params = {**self.momentum_params(), "clip_norm": self.clip_norm}

@@ -27,10 +27,10 @@ class MomentumMemory(OwnsMomentum, ResidualMemory):
         """What momentum SGD would step by this time (and the velocity, saved)."""
         if self.momentum == 0.0:
             return tensor if self.dampening == 0.0 else ops.scale(tensor, 1.0 - self.dampening)
-        velocity = ops.load(self.velocities, name, like=tensor)
+        velocity = self.state_store.load(ops, self.velocities, name, like=tensor)
         # u starts at 0, so the first step is (1 - dampening) g, as Adam's first moment.
         velocity = steps.scaled_sum(ops, velocity, tensor, alpha=self.momentum, beta=1.0 - self.dampening)
-        ops.save(self.velocities, name, velocity)
+        self.state_store.save(ops, self.velocities, name, velocity)
         if self.nesterov:
             return steps.scaled_sum(ops, velocity, tensor, alpha=self.momentum, beta=1.0)
         return velocity

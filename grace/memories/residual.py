@@ -17,13 +17,13 @@ class ResidualMemory(Memory):
         self.residuals: dict = {}
 
     def compensate(self, tensor, name, ops):
-        residual = ops.load(self.residuals, name, like=tensor)
+        residual = self.state_store.load(ops, self.residuals, name, like=tensor)
         # A tensor of its own either way, which ``update`` may turn into the residual in place.
         return ops.copy(tensor) if residual is None else ops.add(tensor, residual)
 
     def update(self, compensated, name, compressor, payload, ctx, ops):
-        ops.save(self.residuals, name, compressor.residual(compensated, payload, ctx, ops,
-                                                           overwrite=True))
+        residual = compressor.residual(compensated, payload, ctx, ops, overwrite=True)
+        self.state_store.save(ops, self.residuals, name, residual)
 
 
 class PowerSGDMemory(ResidualMemory):

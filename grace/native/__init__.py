@@ -276,7 +276,7 @@ def zeros(n: int, dtype) -> np.ndarray:
 
 
 def uniform(n: int, seed: int) -> np.ndarray:
-    """``n`` float32 draws from [0, 1): ``grace.ops.counter_uniform_bits`` for ``seed``."""
+    """``n`` float32 draws from [0, 1): ``grace.rng.counter_uniform_bits`` for ``seed``."""
     lib = _require()
     k0, k1 = split_key(seed)
     out = _empty(n, np.float32)

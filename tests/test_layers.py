@@ -1,0 +1,131 @@
+"""The layers under the algorithms keep to one concern each: ``Ops`` holds general tensor
+primitives, grace/native's loops are found by one layer (``grace.kernels``) for any adapter, and
+state lives in a store its pipeline owns, whose transaction no part can escape."""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import grace
+import grace.compressors
+from grace import kernels, native, steps
+from grace.backends import NumpyOps
+from grace.ops import Ops
+from grace.state import DEFAULT, StateStore
+from tests.test_fusion import exchange
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def accelerated_steps() -> dict[str, object]:
+    """Every ``@accelerated`` step of grace.steps and of the compressors, by kernel."""
+    modules = [steps] + [importlib.import_module(f"grace.compressors.{m.name}")
+                         for m in pkgutil.iter_modules(grace.compressors.__path__)]
+    found = {}
+    for module in modules:
+        for _, fn in inspect.getmembers(module, inspect.isfunction):
+            if hasattr(fn, "kernel") and fn.__module__ == module.__name__:
+                found[fn.kernel] = fn
+    return found
+
+
+def test_ops_holds_no_step_named_after_a_kernel_and_no_dispatch_to_them():
+    names = {n for n in dir(Ops) if not n.startswith("_")}
+    assert "fused" not in names
+    # The kernels that remain Ops primitives are the general ones every adapter defines itself.
+    assert names & set(native.KERNELS) == {"unpack_values"}
+    assert not {"quantize_levels", "sign_bits", "block_sums", "unpack_blocks", "scaled_sum",
+                "sub_matmul", "load", "save", "counter", "within", "commit"} & names
+
+
+def test_no_algorithm_calls_a_kernel_or_the_native_library_by_name():
+    for path in sorted((ROOT / "grace" / "compressors").glob("*.py")) + sorted(
+            (ROOT / "grace" / "memories").glob("*.py")):
+        source = path.read_text()
+        assert "native" not in source and ".fused(" not in source, path.name
+
+
+def test_every_kernel_has_one_composite_step_written_against_the_protocol():
+    found = accelerated_steps()
+    assert set(found) == set(native.KERNELS)
+    for kernel, step in found.items():
+        assert step.composite is not step and callable(step.composite), kernel
+
+
+@pytest.mark.skipif(not native.available(), reason=f"no C compiler: {native.reason()}")
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_the_layer_runs_every_compressors_loops_for_any_adapter(backend, monkeypatch):
+    """The numpy reference adapter defines no native code of its own, yet gets every loop: the
+    layer reaches it through ``on_host`` and ``host_access`` alone."""
+    calls = collections.Counter()
+    run = native.run_kernel
+    monkeypatch.setattr(native, "run_kernel", lambda k, *a, **kw: calls.update([k]) or run(k, *a, **kw))
+    x = np.random.default_rng(0).standard_normal(1 << 19).astype(np.float32)
+    tensor = x if backend == "numpy" else torch.from_numpy(x)
+    for name in grace.available():
+        if backend == "numpy" and name == "bf16":  # numpy has no bfloat16
+            continue
+        compressor = grace.build(name).compressor
+        t = tensor.reshape(512, -1) if name == "powersgd" else tensor
+        payload, ctx = compressor.compress(t, "w")
+        compressor.decompress(payload, ctx)
+    expected = set(native.KERNELS) - {"unpack_blocks_onto", "scaled_sum"}  # residuals, momenta
+    assert expected <= set(calls), expected - set(calls)
+
+
+def test_a_kernel_that_does_not_exist_fails_where_the_step_is_written():
+    with pytest.raises(KeyError, match="no kernel 'no_such_loop'"):
+        kernels.accelerated("no_such_loop")
+
+
+@pytest.mark.skipif(not native.available(), reason=f"no C compiler: {native.reason()}")
+def test_a_step_runs_its_composite_code_where_the_policy_says_no():
+    x = torch.randn(native.MIN_NUMEL + 3)
+    fast = steps.sign_bits(NumpyOps(), x.numpy())
+    with native.disabled():
+        composite = steps.sign_bits(NumpyOps(), x.numpy())
+    assert kernels.run(NumpyOps(), "sign_bits", [x.numpy()[:100]]) is None  # too small
+    assert kernels.run(NumpyOps(), "sign_bits", [x.numpy().astype(np.float64)]) is None  # a dtype
+    np.testing.assert_array_equal(fast, composite)
+
+
+def test_a_pipeline_hands_its_own_store_to_every_part():
+    pipeline = grace.build("dgc")
+    assert pipeline.state_store is not DEFAULT
+    for part in (pipeline.compressor, pipeline.memory, pipeline._dense_memory, pipeline._row_residual,
+                 pipeline._row_velocity):
+        assert part.state_store is pipeline.state_store
+    assert grace.build("dgc").state_store is not pipeline.state_store
+
+
+def test_commit_applies_or_drops_every_pending_write():
+    ops, store = NumpyOps(), StateStore()
+    residuals, counts = {}, {}
+    for flag, kept in ((1.0, False), (0.0, True)):
+        transaction = {}
+        with store.within(transaction):
+            store.save(ops, residuals, "w", np.ones(3, np.float32))
+            assert store.counter(ops, counts, "w") == 0 and store.counter(ops, counts, "w") == 1
+            np.testing.assert_array_equal(store.load(ops, residuals, "w", like=np.zeros(3)), np.ones(3))
+        assert residuals == {} and counts == {}  # pending until the verdict
+        dropped = store.commit(ops, transaction, np.array([flag], np.float32))
+        assert dropped is not kept
+        assert ("w" in residuals) is kept and counts.get("w", 0) == (2 if kept else 0)
+
+
+def test_a_part_left_out_of_its_pipelines_store_is_refused_not_left_out_of_the_rollback():
+    """A memory writing into another store during its pipeline's step would keep a step that the
+    non-finite rollback drops: it is an error, at the write."""
+    pipelines = [grace.build("topk", ratio=0.1) for _ in range(2)]
+    for pipeline in pipelines:
+        pipeline.memory.state_store = StateStore()
+    with pytest.raises(RuntimeError, match="state_store"):
+        exchange(pipelines, steps=1)
