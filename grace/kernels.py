@@ -27,19 +27,28 @@ ACCEPTED = ("float32", "uint8")
 """The first input's dtypes the loops read: float32 gradients, and packed codes for the decoders."""
 
 
+def applies(ops: Ops, tensors: list[Tensor], numel: int | None = None, dtypes: list[str] | None = None,
+            accept: tuple[str, ...] = native.KERNEL_DTYPES) -> bool:
+    """Whether a loop should run on ``tensors``: ``grace.native.worth_running`` (the one policy)
+    asked with what the adapter says of them (``Ops.host_access``). ``numel``: the size that decides
+    (the first tensor's, if known before a graph runs, by default); ``dtypes``: those to check (the
+    tensors', by default). Adapters ask this for the loops behind their own primitives (float64
+    sums, selections, scatters), as ``run`` does for the steps."""
+    access = ops.host_access(tensors)
+    return native.worth_running(ops.static_numel(tensors[0]) if numel is None else numel,
+                                [ops.dtype(t) for t in tensors] if dtypes is None else dtypes,
+                                on_host=access.on_host, contiguous=access.contiguous,
+                                crossing=access.crossing, accept=accept)
+
+
 def run(ops: Ops, kernel: str, tensors: list[Tensor], seed: tuple | None = None,
         **params: Any) -> tuple | None:
     """``grace.native.KERNELS[kernel]`` on ``tensors`` as a tuple of tensors, where the policy and
     the kernel take them; else ``None``."""
     spec = native.KERNELS[kernel]
-    first = tensors[0]
-    # Where the first input's size is known only when a graph runs, the output's (``n``) decides.
-    numel = params.get("n", ops.static_numel(first))
-    access = ops.host_access(tensors)
     dtypes = [ops.dtype(t) for t in tensors]
-    if not (native.worth_running(numel, dtypes[:1], on_host=access.on_host,
-                                 contiguous=access.contiguous, crossing=access.crossing,
-                                 accept=ACCEPTED)
+    # Where the first input's size is known only when a graph runs, the output's (``n``) decides.
+    if not (applies(ops, tensors, params.get("n"), dtypes[:1], ACCEPTED)
             and spec.accepts(dtypes, **params)):
         return None
     specs = spec.outputs(*[ops.static_shape(t) for t in tensors], **params)
@@ -60,9 +69,7 @@ def run(ops: Ops, kernel: str, tensors: list[Tensor], seed: tuple | None = None,
 
     outputs = ops.on_host(loop, inputs, [dtype for dtype, _ in specs], [shape for _, shape in specs],
                           pure=True)
-    # A loop's arrays are flat where its output is not (a sum shaped as its inputs).
-    return tuple(out if None in shape or ops.static_shape(out) == tuple(shape)
-                 else ops.reshape(out, shape) for out, (_, shape) in zip(outputs, specs))
+    return tuple(outputs)
 
 
 def accelerated(kernel: str) -> Callable[[Callable], Callable]:

@@ -15,7 +15,7 @@ import torch
 
 import grace
 from frameworks.torch.ops import TorchOps
-from grace import native, steps
+from grace import kernels, native, steps
 from grace.backends.numpy_ops import NumpyOps
 from grace.ops import Ops
 from grace.rng import counter_uniform_bits, draw_uniform, reference_uniform
@@ -334,3 +334,26 @@ def test_one_policy_decides_when_a_loop_runs():
     assert native.worth_running(n, ["uint8"], accept=("float32", "uint8"))
     assert not native.worth_running(n, ["float32"], on_host=False)
     assert not native.worth_running(n, ["float32"], contiguous=False)
+
+
+def test_a_loop_under_tf_function_gives_its_output_the_inputs_shape():
+    """The momentum's scaled sum of a 784 x 512 weight (more than the 2**18 elements from which
+    TensorFlow runs the loops): the loop returns a flat array, and the graph's result has the
+    weight's shape when it runs, not only in its static shape."""
+    import tensorflow as tf
+
+    a = tf.random.stateless_normal([784, 512], seed=[1, 2])
+    b = tf.random.stateless_normal([784, 512], seed=[3, 4])
+    from frameworks.tensorflow.ops import TensorFlowOps
+
+    ops = TensorFlowOps()
+    assert kernels.run(ops, "scaled_sum", [a, b], alpha=0.9, beta=0.1) is not None
+
+    @tf.function
+    def step(a, b):
+        return steps.scaled_sum(ops, a, b, alpha=0.9, beta=0.1) + a  # an op that needs the shape
+
+    got = step(a, b)
+    expected = steps.scaled_sum.composite(ops, a, b, alpha=0.9, beta=0.1) + a
+    assert got.shape == (784, 512)
+    np.testing.assert_array_equal(got.numpy(), expected.numpy())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from grace import native
+from grace import kernels, native
 from grace.ops import HostAccess, Ops, host_row_sums, index_dtype, unpack_table
 from grace.rng import draw_indices, draw_uniform
 from grace.sparse import RowStore
@@ -36,13 +36,6 @@ def _top_k(x, k: int, n, index_type: str):
     """The indices of the ``k`` largest magnitudes of ``x``, ascending."""
     chosen = tf.math.top_k(tf.abs(x), k, sorted=False, index_type=index_type).indices
     return _ascending(chosen, tf.size(x) if n is None else n)
-
-
-def _native(*tensors) -> bool:
-    """Whether grace/native's loops can take these tensors (float32, a static size large enough
-    to be worth a call, the library built). They run in ``tf.numpy_function``, on host memory."""
-    return native.worth_running(tensors[0].shape.num_elements(), [t.dtype.name for t in tensors],
-                                crossing=True)
 
 
 def _host(fn, inputs, dtypes, shapes):
@@ -141,12 +134,12 @@ class TensorFlowOps(Ops):
 
     def gather(self, x, indices):
         taken = indices.shape.num_elements()
-        if _native(x) and taken is not None and taken >= HOST_GATHER_MIN:
+        if kernels.applies(self, [x]) and taken is not None and taken >= HOST_GATHER_MIN:
             return _host(np.take, [x, indices], x.dtype, indices.shape)
         return tf.gather(x, indices)
 
     def scatter_add(self, n, indices, values):
-        if native.worth_running(n, [values.dtype.name], crossing=True):
+        if kernels.applies(self, [values], numel=n):
             return _host(lambda i, v: native.scatter_add(n, i, v), [indices, values], tf.float32, [n])
         return tf.math.unsorted_segment_sum(values, indices, n)
 
@@ -301,17 +294,17 @@ class TensorFlowOps(Ops):
         return tf.cast(sums, x.dtype)
 
     def sum(self, x):
-        if _native(x):
+        if kernels.applies(self, [x]):
             return tf.reshape(tf.cast(self._sums(x)[0], x.dtype), [1])
         return self._composite_sum(x)
 
     def norm(self, x):
-        if _native(x):
+        if kernels.applies(self, [x]):
             return tf.reshape(tf.cast(tf.sqrt(self._sums(x)[1]), x.dtype), [1])
         return super().norm(x)
 
     def max_abs(self, x):
-        if _native(x):
+        if kernels.applies(self, [x]):
             return tf.reshape(tf.cast(self._sums(x)[2], x.dtype), [1])
         return super().max_abs(x)
 
@@ -330,7 +323,7 @@ class TensorFlowOps(Ops):
         return tf.stack(picked)
 
     def count_at_least(self, x, threshold):
-        if not _native(x):
+        if not kernels.applies(self, [x]):
             return tf.math.count_nonzero(tf.abs(x) >= tf.cast(threshold, x.dtype), dtype=tf.int64)
 
         def run(a, t):
@@ -339,7 +332,7 @@ class TensorFlowOps(Ops):
         return _host(run, [x, tf.cast(threshold, x.dtype)], tf.int64, [])
 
     def indices_at_least(self, x, threshold):
-        if not _native(x):
+        if not kernels.applies(self, [x]):
             return super().indices_at_least(x, threshold)
         dtype = index_dtype(x.shape.num_elements())
 

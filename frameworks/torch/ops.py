@@ -7,7 +7,7 @@ import math
 import numpy as np
 import torch
 
-from grace import native
+from grace import kernels, native
 from grace.ops import HostAccess, Ops, index_dtype, unpack_table
 from grace.rng import UNIFORM_SCALE, counter_uniform_bits
 
@@ -52,14 +52,6 @@ def _unpack_table(bits: int, device) -> torch.Tensor:
 
 def _dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
-
-
-def _native(*tensors: torch.Tensor) -> bool:
-    """Whether grace/native's loops can take these tensors: float32 on the CPU, contiguous, large
-    enough to be worth a call, and the library built."""
-    return native.worth_running(tensors[0].numel(), [_name(t) for t in tensors],
-                                on_host=all(t.device.type == "cpu" for t in tensors),
-                                contiguous=all(t.is_contiguous() for t in tensors))
 
 
 def _name(t: torch.Tensor) -> str:
@@ -152,7 +144,7 @@ class TorchOps(Ops):
         return torch.index_select(x, 0, indices)
 
     def scatter_add(self, n, indices, values):
-        if native.worth_running(n, [_name(values)], on_host=values.device.type == "cpu"):
+        if kernels.applies(self, [values], numel=n):
             # Zeros from fresh pages (no pass to clear them), then one loop over the values.
             return torch.from_numpy(native.scatter_add(n, indices.numpy(), values.detach().numpy()))
         out = torch.zeros(n, dtype=values.dtype, device=values.device)
@@ -227,7 +219,7 @@ class TorchOps(Ops):
         return torch.clamp(a, max=b) if not isinstance(b, torch.Tensor) else torch.minimum(a, b)
 
     def sum(self, x):
-        if _native(x):
+        if kernels.applies(self, [x]):
             return _scalar(native.sums(x.detach().numpy())[0], x.dtype)
         if x.is_floating_point():
             if x.numel() > WIDE_CHUNK:
@@ -242,7 +234,7 @@ class TorchOps(Ops):
         return x.sum(1, dtype=torch.float64).to(x.dtype)
 
     def norm(self, x):
-        if _native(x):
+        if kernels.applies(self, [x]):
             return _scalar(math.sqrt(native.sums(x.detach().numpy())[1]), x.dtype)
         if x.numel() <= WIDE_CHUNK:
             return super().norm(x)
@@ -311,7 +303,7 @@ class TorchOps(Ops):
     def max_abs(self, x):
         if x.numel() == 0:
             return torch.zeros(1, dtype=x.dtype, device=x.device)
-        if _native(x):
+        if kernels.applies(self, [x]):
             return _scalar(native.sums(x.detach().numpy())[2], x.dtype)
         # The infinity norm is the largest magnitude, without a tensor of magnitudes.
         return torch.linalg.vector_norm(x, float("inf")).reshape(1)
@@ -323,12 +315,12 @@ class TorchOps(Ops):
         return _order_statistics(x, ranks)
 
     def count_at_least(self, x, threshold):
-        if _native(x):
+        if kernels.applies(self, [x]):
             return native.count_at_least(x.detach().numpy(), float(threshold))
         return int(torch.count_nonzero(x.abs() >= threshold))
 
     def indices_at_least(self, x, threshold):
-        if not _native(x):
+        if not kernels.applies(self, [x]):
             return super().indices_at_least(x, threshold)
         dtype = index_dtype(x.numel())
         return torch.from_numpy(native.indices_at_least(x.detach().numpy(), float(threshold), dtype))
@@ -339,7 +331,7 @@ class TorchOps(Ops):
 
     def random_uniform(self, n, seed_of, step, like):
         seed = seed_of(int(step))
-        if native.worth_running(n, [], on_host=like.device.type == "cpu"):
+        if kernels.applies(self, [like], numel=n, dtypes=[]):
             return torch.from_numpy(native.uniform(n, seed))
         if like.device.type != "cpu":
             # The same counter-based draws, computed where the tensor lives (no host transfer).

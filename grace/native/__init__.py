@@ -368,14 +368,15 @@ def sums(x: np.ndarray) -> tuple[float, float, float]:
 
 
 def scaled_sum(*arrays: np.ndarray, alpha: float, beta: float) -> np.ndarray:
-    """``a * alpha + b * beta`` in float32 for ``arrays`` = (a, b), or ``b * beta`` for (b,)."""
+    """``a * alpha + b * beta`` in float32 for ``arrays`` = (a, b), or ``b * beta`` for (b,), shaped
+    as ``b``."""
     lib = _require()
     b = arrays[-1]
     a = arrays[0].ctypes.data if len(arrays) == 2 else None
     out = _empty(b.size, np.float32)
     _parallel(b.size, lambda _, start, count: lib.grace_scaled_sum(
         a, alpha, b.ctypes.data, beta, start, count, out.ctypes.data))
-    return out
+    return out.reshape(b.shape)
 
 
 _BUCKET_INDEXES: dict = {}
@@ -581,7 +582,8 @@ class Kernel(NamedTuple):
     keyword parameters (plain numbers); one array or a tuple of them."""
     outputs: Callable
     """The outputs' (dtype, shape) from the inputs' shapes and the parameters (None in a shape:
-    known only when it runs)."""
+    known only when it runs). The loop returns arrays of exactly these shapes: a traced graph takes
+    them as its static shapes."""
     accepts: Callable = lambda dtypes, **params: True
     """Whether the loop takes inputs of these dtypes with these parameters, beyond the first
     input's dtype (float32, or uint8 for a decoder), which the policy checks."""
