@@ -458,7 +458,7 @@ class Pipeline:
             with self.state_store.within(counted):
                 self.state_store.counter(ops, self._exchanges, entry.name)
             if counted is not None:
-                self.state_store.commit(ops, counted, discard)
+                self.state_store.commit(ops, counted, ops.is_set(discard))
             return result
         return deferred
 
@@ -469,7 +469,9 @@ class Pipeline:
         total = self._collect([entry], sent, f"grace.{entry.name}", group, ops, scale)[0][0]
         if entry.transaction is None:
             return total
-        return ops.nan_if(self.state_store.commit(ops, entry.transaction, discard), total)
+        dropped = ops.is_set(discard)
+        self.state_store.commit(ops, entry.transaction, dropped)
+        return ops.nan_if(dropped, total)
 
     @staticmethod
     def _carries_nonfinite(compressor, memory, communicator) -> bool:
@@ -617,7 +619,7 @@ class Pipeline:
         for entry in entries:
             if entry.deferred is None:
                 if entry.transaction is not None:
-                    self.state_store.commit(ops, entry.transaction, discard)
+                    self.state_store.commit(ops, entry.transaction, dropped)
                 if isinstance(entry.compressor, RowsCodec):
                     entry.compressor.settle(discard, ops)
                 entry.result = ops.nan_if(dropped, entry.result)

@@ -277,7 +277,7 @@ class HostRows:
         def commit(discard, _):
             import numpy as np
 
-            self.state_store.commit(self.ops, self.writes, discard)
+            self.state_store.commit(self.ops, self.writes, self.ops.is_set(discard))
             return [np.zeros(1, np.float32)]
         # The decoded rows as an input: the commit runs after the decoding's writes.
         ops.on_host(commit, [discard, self.decoded], ["float32"], [[1]])

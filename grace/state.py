@@ -86,21 +86,12 @@ class StateStore:
                                "open: a part of the pipeline was not given the pipeline's "
                                "state_store, and its writes would escape the non-finite rollback")
 
-    def commit(self, ops: Ops, transaction: dict, discard: Tensor) -> Any:
-        """Apply the pending writes, unless the 1-element ``discard`` flag is non-zero (in a traced
-        graph: each write keeps the old value where the flag is set). Returns whether they were
-        dropped (``Ops.is_set``)."""
-        dropped = ops.is_set(discard)
+    def commit(self, ops: Ops, transaction: dict, dropped: Any) -> None:
+        """Apply the pending writes, unless ``dropped`` (``Ops.is_set`` of the step's non-finite
+        flag, asked once per step; in a traced graph each write keeps the old value where it is
+        set)."""
         for store, key, value in transaction.values():
             ops.write_state(store, key, value, unless=dropped)
-        return dropped
-
-    def nan_if(self, ops: Ops, dropped: Any, x: Tensor) -> Tensor:
-        """``x``, or a tensor of NaN of its shape and dtype where ``dropped`` (``commit``'s
-        answer) is true."""
-        return ops.cond(dropped, lambda: ops.reshape(ops.full(ops.numel(x), float("nan"), ops.dtype(x),
-                                                              like=x), ops.shape(x)),
-                        lambda: x)
 
     # --- reads and writes -----------------------------------------------------------------------
     def load(self, ops: Ops, store: dict, key: str, like: Tensor, initial: Any = None) -> Tensor | None:

@@ -116,8 +116,9 @@ def test_commit_applies_or_drops_every_pending_write():
             assert store.counter(ops, counts, "w") == 0 and store.counter(ops, counts, "w") == 1
             np.testing.assert_array_equal(store.load(ops, residuals, "w", like=np.zeros(3)), np.ones(3))
         assert residuals == {} and counts == {}  # pending until the verdict
-        dropped = store.commit(ops, transaction, np.array([flag], np.float32))
+        dropped = ops.is_set(np.array([flag], np.float32))
         assert dropped is not kept
+        store.commit(ops, transaction, dropped)
         assert ("w" in residuals) is kept and counts.get("w", 0) == (2 if kept else 0)
 
 

@@ -38,9 +38,10 @@ def _top_k(x, k: int, n, index_type: str):
     return _ascending(chosen, tf.size(x) if n is None else n)
 
 
-def _host(fn, inputs, dtypes, shapes):
-    """``fn`` over the inputs as numpy arrays, in the graph (``tf.numpy_function``)."""
-    outputs = tf.numpy_function(fn, inputs, dtypes, stateful=False)
+def _host(fn, inputs, dtypes, shapes, stateful=False):
+    """``fn`` over the inputs as numpy arrays, in the graph (``tf.numpy_function``): one output for
+    one dtype, a list of them for a list of dtypes."""
+    outputs = tf.numpy_function(fn, inputs, dtypes, stateful=stateful)
     single = not isinstance(dtypes, (list, tuple))
     # Run eagerly, a list of one dtype gives back one tensor, not a list of one.
     outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
@@ -144,12 +145,7 @@ class TensorFlowOps(Ops):
         return tf.math.unsorted_segment_sum(values, indices, n)
 
     def on_host(self, fn, inputs, dtypes, shapes, pure=False):
-        outputs = tf.numpy_function(fn, list(inputs), [tf.as_dtype(d) for d in dtypes],
-                                    stateful=not pure)
-        outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
-        for out, shape in zip(outputs, shapes):
-            out.set_shape(shape)
-        return outputs
+        return _host(fn, list(inputs), [tf.as_dtype(d) for d in dtypes], list(shapes), stateful=not pure)
 
     def unique(self, x):
         # tf.unique keeps the order of first appearance: sort the distinct values, and map each
