@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
+from grace.collectives import Solo
+
 
 class ProcessSetCollectives:
     """The size and rank of a Horovod process set (the global one by default); the framework
-    subclasses add the operations."""
+    subclasses add the operations and name their Horovod module (``horovod``)."""
+
+    horovod = None
 
     def __init__(self, process_set, global_process_set):
         self.process_set = process_set if process_set is not None else global_process_set
+        self._hosts = None
+
+    def global_rank(self, rank: int) -> int:
+        """Horovod's rank of this process set's worker ``rank`` (a broadcast's root is given so)."""
+        ranks = getattr(self.process_set, "ranks", None)
+        return ranks[rank] if ranks else rank
+
+    def hosts(self):
+        """(the workers of this worker's host, the workers of its local rank on every host), as
+        collectives of this class (``hierarchical=True``; see ``host_sets``). A group of one is a
+        ``Solo``."""
+        if self._hosts is None:
+            local, cross = host_sets(self.horovod, self.process_set)
+            self._hosts = tuple(Solo() if ps is None else type(self)(ps) for ps in (local, cross))
+        return self._hosts
 
     @property
     def size(self) -> int:
@@ -26,3 +45,50 @@ def gather_objects(hvd, obj, process_set, name: str) -> list:
         return hvd.allgather_object(obj, name=name)
     return [hvd.broadcast_object(obj, root_rank=r, name=f"{name}.{r}", process_set=process_set)
             for r in process_set.ranks]
+
+
+_HOST_SETS: dict = {}
+
+
+def host_sets(hvd, process_set) -> tuple:
+    """Horovod process sets of the workers of this worker's host and of the workers of its local
+    rank on every host (``None`` for a worker alone in one), made once per process: every worker
+    adds every set, in the same order, as Horovod requires. Needs the same number of workers on
+    every host, placed host after host (as horovodrun and mpirun place them), and Horovod's dynamic
+    process sets. No collective is needed (a traced graph may build it)."""
+    if hvd.__name__ in _HOST_SETS:
+        return _HOST_SETS[hvd.__name__]
+    if process_set != hvd.global_process_set:
+        raise ValueError("hierarchical=True groups the workers by host within the whole job: use it "
+                         "with the global process set")
+    size, per_host = hvd.size(), hvd.local_size()
+    if hvd.cross_size() * per_host != size:
+        raise ValueError(f"hierarchical=True needs the same number of workers on every host; this "
+                         f"one has {per_host} of the job's {size} on {hvd.cross_size()} hosts")
+    if hvd.rank() != hvd.cross_rank() * per_host + hvd.local_rank():
+        raise ValueError(f"hierarchical=True needs the workers placed host after host (rank = host "
+                         f"x {per_host} + local rank), as horovodrun places them; rank {hvd.rank()} "
+                         f"is local rank {hvd.local_rank()} of host {hvd.cross_rank()}")
+    hosts = size // per_host
+    groups = ([tuple(range(h * per_host, (h + 1) * per_host)) for h in range(hosts)]
+              + [tuple(range(local, size, per_host)) for local in range(per_host)])
+    made: dict = {}
+    for ranks in groups:
+        if ranks in made:
+            continue
+        if len(ranks) == size:
+            made[ranks] = hvd.global_process_set
+        elif len(ranks) == 1:
+            made[ranks] = None
+        else:
+            try:
+                made[ranks] = hvd.add_process_set(list(ranks))
+            except ValueError as e:
+                raise ValueError(
+                    "hierarchical=True adds Horovod process sets (each host's workers, and each "
+                    "local rank's across the hosts), which needs Horovod's dynamic process sets: "
+                    "launch with HOROVOD_DYNAMIC_PROCESS_SETS=1 in the environment "
+                    f"(Horovod said: {e})") from e
+    mine = (groups[hvd.cross_rank()], groups[hosts + hvd.local_rank()])
+    _HOST_SETS[hvd.__name__] = (made[mine[0]], made[mine[1]])
+    return _HOST_SETS[hvd.__name__]

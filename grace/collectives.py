@@ -40,5 +40,33 @@ class Collectives(Protocol):
     def broadcast_async(self, tensor: Tensor, root: int, name: str) -> Handle:
         """Start sending ``root``'s ``tensor`` to every worker (the others pass a same-shaped one)."""
 
+    def alltoall_async(self, tensor: Tensor, splits: Tensor, name: str) -> Handle:
+        """Start sending, to each worker ``j`` in rank order, the next ``splits[j]`` elements of the
+        1-d ``tensor`` (``splits``: a 1-d int32 tensor); the result is what every worker sent this
+        one, concatenated in rank order (Horovod's alltoall, its received splits left out)."""
+
     def synchronize(self, handle: Handle) -> Tensor:
         """Wait for an operation and return its result."""
+
+
+class Solo:
+    """A group of one worker: every collective returns what it was given (a host with one worker,
+    under ``hierarchical=True``)."""
+
+    size = 1
+    rank = 0
+
+    def allreduce_async(self, tensor: Tensor, name: str) -> Handle:
+        return tensor
+
+    def allgather_async(self, tensor: Tensor, name: str) -> Handle:
+        return tensor
+
+    def broadcast_async(self, tensor: Tensor, root: int, name: str) -> Handle:
+        return tensor
+
+    def alltoall_async(self, tensor: Tensor, splits: Tensor, name: str) -> Handle:
+        return tensor
+
+    def synchronize(self, handle: Handle) -> Tensor:
+        return handle

@@ -183,6 +183,11 @@ class Compressor(ABC):
         upper bound of the encoded size will do; it decides before anything is encoded)."""
         raise NotImplementedError
 
+    def owner_codec(self) -> "Compressor":
+        """What encodes a shard's combined value again at its owner (``communicator="alltoall"``):
+        this compressor, unless its aggregate is something it cannot encode (a majority vote)."""
+        return self
+
     def accepts(self, shape: tuple[int, ...]) -> bool:
         """Whether this algorithm applies to a tensor of this shape (PowerSGD needs a matrix)."""
         return True

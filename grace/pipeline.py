@@ -6,15 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
+from grace import hierarchy
 from grace.bucketing import DEFAULT_BUCKET_BYTES, form_buckets
 from grace.collectives import Collectives
 from grace.communicator import Communicator, Started
 from grace.communicators.allgather import Allgather
 from grace.communicators.allreduce import Allreduce
+from grace.communicators.alltoall import ShardCodec
 from grace.compressor import Compressor, Context, numel_of
 from grace.compressors.none import NoneCompressor
 from grace.memories.momentum import MomentumMemory
 from grace.memories.none import NoneMemory
+from grace.memories.residual import ResidualMemory
 from grace.memory import Memory
 from grace.momentum import OptimizerMomentum, owner
 from grace.ops import FLOAT_DTYPES, Ops, Tensor, ops_for
@@ -145,8 +148,9 @@ class Pipeline:
 
     def __init__(self, compressor: Compressor, memory: Memory, communicator: Communicator,
                  min_numel: int = 0, check_finite: bool = True, warmup_steps: int = 0,
-                 granularity: str = "layer", bucket_bytes: int = DEFAULT_BUCKET_BYTES):
-        communicator.bind(compressor)
+                 granularity: str = "layer", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 hierarchical: bool = False):
+        communicator.bind(compressor, memory)
         if granularity == "bucket" and not compressor.accepts((2**20,)):
             raise ValueError(f"granularity='bucket' joins a bucket's tensors into one vector, which "
                              f"{compressor.name!r} cannot compress (it needs a matrix): use "
@@ -159,6 +163,7 @@ class Pipeline:
         self.warmup_steps = warmup_steps
         self.granularity = granularity
         self.bucket_bytes = bucket_bytes
+        self.hierarchical = hierarchical
         self._exchanges: dict = {}  # per tensor: how many exchanges the warm-up has counted
         self._dense_compressor = NoneCompressor()
         self._dense_memory = NoneMemory()
@@ -167,11 +172,15 @@ class Pipeline:
         self._row_residual = RowResidual()  # sparse gradients' error feedback, as rows
         self._row_velocity = RowVelocity()  # their momentum, when taken over
         self._row_communicator = Allgather()
+        # Error feedback at a shard's owner (communicator="alltoall"), where the workers keep some.
+        self._owner_memory = (ResidualMemory() if communicator.shards
+                              and not isinstance(memory, NoneMemory) else NoneMemory())
+        self._sharded: dict[int, ShardCodec] = {}
         self.state_store = StateStore()
         """This pipeline's state and its step's transaction (``grace.state``), which every part
         it drives reads and writes through."""
         self._own(compressor, memory, self._dense_compressor, self._dense_memory, self._row_residual,
-                  self._row_velocity)
+                  self._row_velocity, self._owner_memory)
         self.reset_stats()
 
     def _own(self, *parts: Any) -> None:
@@ -184,7 +193,8 @@ class Pipeline:
         return (f"Pipeline(compressor={self.compressor!r}, memory={self.memory!r}{dense}, "
                 f"communicator={self.communicator!r}, min_numel={self.min_numel}, "
                 f"check_finite={self.check_finite}, warmup_steps={self.warmup_steps}, "
-                f"granularity={self.granularity!r}, bucket_bytes={self.bucket_bytes})")
+                f"granularity={self.granularity!r}, bucket_bytes={self.bucket_bytes}"
+                + (", hierarchical=True)" if self.hierarchical else ")"))
 
     # --- what Horovod's own optimizer would call -----------------------------------------------
     def compress(self, tensor):
@@ -289,6 +299,10 @@ class Pipeline:
         in one collective with the non-finite flag. ``finish`` returns the rows combined over the
         workers, one per distinct index, as ``Rows``."""
         ops = ops or ops_for(rows.values)
+        if self.hierarchical:
+            raise ValueError(f"hierarchical=True sums each host's gradients dense before "
+                             f"compressing, which a sparse gradient ({name!r}) cannot be: pass "
+                             f"sparse_as_dense=True to the optimizer wrapper")
         table = tuple(int(d) for d in rows.dense_shape)
         width = numel_of(table[1:])
         values = ops.reshape(rows.values, [-1, width])
@@ -323,6 +337,14 @@ class Pipeline:
         ``granularity="bucket"`` the bucket's float tensors of one dtype are compressed as one
         vector. Every worker starts the same buckets, in the same order."""
         ops = ops or ops_for(tensors[0])
+        if self.hierarchical:  # dense within the host, compressed between hosts (grace.hierarchy)
+            return hierarchy.start(tensors, names, group, ops, self._start_flat,
+                                   lambda n: self.state_store.counter(ops, self._counters,
+                                                                      "bytes_local", n))
+        return self._start_flat(tensors, names, group, ops)
+
+    def _start_flat(self, tensors: Sequence[Tensor], names: Sequence[str], group: Collectives,
+                    ops: Ops) -> Exchange:
         tag = f"grace.{names[0]}" if len(names) == 1 else f"grace.bucket.{names[0]}"
         entries = self._entries(list(tensors), list(names), ops)
         for entry in entries:
@@ -376,7 +398,9 @@ class Pipeline:
                 self._dense_compressor, self._dense_memory, self._dense_communicator)
         else:
             entry.compressor, entry.memory, entry.communicator = (
-                self.compressor, self.memory, self.communicator)
+                self.compressor, self.memory, self.communicator.resolve(group.size))
+            if entry.communicator.shards:
+                entry.compressor, entry.communicator = self._sharding(entry, group, ops)
         carries = self._carries_nonfinite(entry.compressor, entry.memory, entry.communicator)
         if self.check_finite and (count or not carries):
             entry.transaction = {}
@@ -394,6 +418,18 @@ class Pipeline:
             entry.vote = entry.compressor.not_smaller(ops.flatten(entry.compensated), entry.ctx, ops)
         else:
             self._encode(entry, group, ops)
+
+    def _sharding(self, entry: Entry, group: Collectives, ops: Ops) -> tuple[Compressor, Communicator]:
+        """A sharding communicator's codec, one shard per worker; a tensor with fewer elements
+        than workers (or a group of one) is gathered as it is."""
+        if group.size < 2 or ops.numel(entry.source) < group.size:
+            return self.compressor, self._row_communicator
+        codec = self._sharded.get(group.size)
+        if codec is None:
+            codec = self._sharded[group.size] = ShardCodec(self.compressor, group.size,
+                                                           self._owner_memory)
+            self._own(codec, codec.owner)
+        return codec, self.communicator.resolve(group.size)
 
     def _encode(self, entry: Entry, group: Collectives, ops: Ops) -> None:
         with self.state_store.within(entry.transaction):
@@ -504,7 +540,7 @@ class Pipeline:
         for communicator, members in by_kind.values():
             started = communicator.start([entries[i].payload for i in members],
                                          [not entries[i].compressor.fixed_size for i in members],
-                                         flag, tag, group, ops)
+                                         flag, tag, group, ops, [entries[i] for i in members])
             if started.carries_flag:
                 flag = None
             self.state_store.counter(ops, self._counters, "bytes_sent", started.bytes_sent)
@@ -516,14 +552,16 @@ class Pipeline:
             sent.flag = group.allreduce_async(flag, f"{tag}.nonfinite")
         return sent
 
-    @staticmethod
-    def _receive(sent: Sent, group: Collectives, ops: Ops) -> tuple[list[list], Tensor | None]:
+    def _receive(self, sent: Sent, group: Collectives, ops: Ops) -> tuple[list[list], Tensor | None]:
         """Wait for one round: per entry its payloads (one summed, or one per worker), and the
         flag summed over workers."""
         payloads: list[list] = [[] for _ in range(sum(len(m) for _, m, _ in sent.groups))]
         flag = None
         for communicator, members, started in sent.groups:
             received, carried = communicator.finish(started, group, ops)
+            self.state_store.counter(ops, self._counters, "bytes_received", started.bytes_received)
+            if not isinstance(started.bytes_later, int) or started.bytes_later:
+                self.state_store.counter(ops, self._counters, "bytes_sent", started.bytes_later)
             for i, payload in zip(members, received):
                 payloads[i] = payload
             if carried is not None:
@@ -585,6 +623,18 @@ class Pipeline:
         is as it was before it). Returns per exchange its tensors' results (the tensor itself for
         one started by ``start``). ``carried``: results the caller combined itself, whose sums
         carry any Inf or NaN into the verdict."""
+        if self.hierarchical:
+            ops = exchanges[0].ops
+            return hierarchy.finish(exchanges, group, scale, list(carried), self._finish_flat,
+                                    lambda n: self.state_store.counter(ops, self._counters,
+                                                                       "bytes_control", n))
+        return self._finish_flat(exchanges, group, scale, carried)
+
+    def _finish_flat(self, exchanges: Sequence[Exchange], group: Collectives, scale: float = 1.0,
+                     carried: Sequence[Tensor] = ()) -> list:
+        for exchange in exchanges:  # every bucket's second stage in flight before any is awaited
+            for communicator, _, started in exchange.sent.groups:
+                communicator.relay(started, group, exchange.ops)
         flags, entries = [], []
         for exchange in exchanges:
             ops = exchange.ops
@@ -637,6 +687,7 @@ class Pipeline:
                 "compressor": StateStore.export(self.compressor.state()),
                 "memory": StateStore.export(self.memory.state()),
                 "dense_memory": StateStore.export(self._dense_memory.state()),
+                "owner_memory": StateStore.export(self._owner_memory.state()),
                 "pipeline": StateStore.export({"exchanges": self._exchanges}),
                 "rows": StateStore.export(self._row_stores()),
                 "stats": StateStore.export({"counters": self._counters})["counters"]}
@@ -648,7 +699,8 @@ class Pipeline:
             raise ValueError(f"this compression state was saved by {state.get('config')}, not by "
                              f"{self!r}: build the same pipeline before loading it")
         parts = (("compressor", self.compressor.state()), ("memory", self.memory.state()),
-                 ("dense_memory", self._dense_memory.state()), ("pipeline", {"exchanges": self._exchanges}),
+                 ("dense_memory", self._dense_memory.state()),
+                 ("owner_memory", self._owner_memory.state()), ("pipeline", {"exchanges": self._exchanges}),
                  ("rows", self._row_stores()))
         for part, stores in parts:
             for attr, entries in state.get(part, {}).items():
@@ -666,10 +718,14 @@ class Pipeline:
     # --- accounting ----------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:
         """Cumulative for this worker: payload bytes sent into collectives, the bytes the dense
-        tensors would have taken, their ratio, how many tensors went through, and the bytes of the
-        4-byte non-finite flags (``bytes_control``)."""
+        tensors would have taken, their ratio, how many tensors went through, the bytes of the
+        4-byte non-finite flags (``bytes_control``), and the payload bytes received from the other
+        workers (``bytes_received``: what they gathered to it, or the sum an allreduce returns).
+        With ``hierarchical=True``, those count this worker's exchanges between hosts (the buckets
+        it owns), and ``bytes_local`` the dense bytes it put into its host's sums."""
         counts = {key: int(plain(self._counters.get(key, 0)))
-                  for key in ("bytes_sent", "bytes_dense", "tensors", "bytes_control")}
+                  for key in ("bytes_sent", "bytes_dense", "tensors", "bytes_control",
+                              "bytes_received", "bytes_local")}
         sent, dense = counts["bytes_sent"], counts["bytes_dense"]
         counts["compression_ratio"] = dense / sent if sent else float("nan")
         return counts

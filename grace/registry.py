@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping
 
 from grace.bucketing import DEFAULT_BUCKET_BYTES
 from grace.communicator import Communicator
-from grace.communicators import Allgather, Allreduce, Broadcast
+from grace.communicators import Allgather, Allreduce, Alltoall, Auto, Broadcast
 from grace.compressor import Compressor
 from grace.compressors import CATALOGUE
 from grace.memories import MEMORIES as MEMORY_CLASSES
@@ -19,7 +19,7 @@ from grace.validation import check_bool, check_choice, check_int
 COMPRESSORS: dict[str, type[Compressor]] = {cls.name: cls for cls in CATALOGUE}
 MEMORIES: dict[str, type[Memory]] = {cls.name: cls for cls in MEMORY_CLASSES}
 COMMUNICATORS: dict[str, type[Communicator]] = {
-    cls.name: cls for cls in (Allreduce, Allgather, Broadcast)
+    cls.name: cls for cls in (Allreduce, Allgather, Alltoall, Auto, Broadcast)
 }
 
 DEFAULT_MIN_NUMEL = 1024
@@ -27,7 +27,14 @@ DEFAULT_MIN_NUMEL = 1024
 latency. Override with ``min_numel=``."""
 
 _PIPELINE_KEYS = ("compressor", "memory", "communicator", "min_numel", "check_finite", "warmup_steps",
-                  "granularity", "bucket_bytes")
+                  "granularity", "bucket_bytes", "hierarchical")
+
+
+def default_communicator(cls: type[Compressor]) -> str:
+    """A compressor's communicator when none is named: its paper's ``allreduce`` for payloads that
+    add up, else ``auto`` (gathered on small jobs, through the shards' owners on large ones:
+    ``grace.communicators.Auto``)."""
+    return "auto" if cls.default_communicator == "allgather" else cls.default_communicator
 
 
 def available() -> list[str]:
@@ -52,7 +59,8 @@ def memory_params(name: str) -> dict[str, Any]:
 
 def build(compressor: str, *, memory: str | None = None, communicator: str | None = None,
           min_numel: int = DEFAULT_MIN_NUMEL, check_finite: bool = True, warmup_steps: int | None = None,
-          granularity: str = "layer", bucket_bytes: int = DEFAULT_BUCKET_BYTES, **params: Any) -> Pipeline:
+          granularity: str = "layer", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+          hierarchical: bool = False, **params: Any) -> Pipeline:
     """A pipeline for the named compressor with its paper's defaults, ``memory`` and
     ``communicator`` overridden by name when given, and the compressor's own ``params``.
     ``check_finite=False`` saves the 4-byte flag per tensor at the price of Inf/NaN gradients
@@ -60,11 +68,12 @@ def build(compressor: str, *, memory: str | None = None, communicator: str | Non
     compression starts (the compressor's ``default_warmup_steps`` when not given). ``granularity``:
     ``"layer"`` compresses each tensor on its own, ``"bucket"`` a bucket's tensors as one vector;
     ``bucket_bytes``: the dense bytes of gradients that travel together (0: every tensor alone);
-    see ``Pipeline``."""
+    ``hierarchical``: sum dense within each host and compress only between hosts
+    (``grace.hierarchy``); see ``Pipeline``."""
     name = check_choice("compressor", compressor, COMPRESSORS)
     cls = COMPRESSORS[name]
     memory = check_choice("memory", memory or cls.default_memory, MEMORIES)
-    communicator = check_choice("communicator", communicator or cls.default_communicator,
+    communicator = check_choice("communicator", communicator or default_communicator(cls),
                                 COMMUNICATORS)
     own, of_memory = compressor_params(name), memory_params(memory)
     unknown = sorted(set(params) - set(own) - set(of_memory))
@@ -78,10 +87,11 @@ def build(compressor: str, *, memory: str | None = None, communicator: str | Non
                              else warmup_steps, minimum=0)
     granularity = check_choice("granularity", granularity, GRANULARITIES)
     bucket_bytes = check_int("bucket_bytes", bucket_bytes, minimum=0)
+    hierarchical = check_bool("hierarchical", hierarchical)
     compressor_obj = cls(**{k: v for k, v in params.items() if k in own})
     memory_obj = MEMORIES[memory](**{k: v for k, v in params.items() if k in of_memory})
     return Pipeline(compressor_obj, memory_obj, COMMUNICATORS[communicator](), min_numel, check_finite,
-                    warmup_steps, granularity, bucket_bytes)
+                    warmup_steps, granularity, bucket_bytes, hierarchical)
 
 
 def factory(name: str) -> Callable[..., Pipeline]:
@@ -109,7 +119,7 @@ def factory(name: str) -> Callable[..., Pipeline]:
     make.__signature__ = inspect.Signature([*own, options], return_annotation=Pipeline)
     summary = inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0]
     make.__doc__ = (f"{summary}\n\nA ``Pipeline`` with {cls.__name__} (default memory "
-                    f"``{cls.default_memory}``, communicator ``{cls.default_communicator}``); "
+                    f"``{cls.default_memory}``, communicator ``{default_communicator(cls)}``); "
                     f"``options``: those of ``grace.build``.")
     return make
 

@@ -8,6 +8,7 @@ Needs root (namespaces and ``tc``). Everything is torn down on exit, Ctrl-C and 
 start with ``grace-`` and addresses are in 10.231.0.0/16, inside namespaces this script created.
 
     sudo python scripts/cluster.py run --hosts 2 --rate 1gbit -- python scripts/compare_worker.py ...
+    sudo python scripts/cluster.py run --hosts 2 --workers-per-host 2 -- python train.py
     sudo python scripts/cluster.py iperf --rate 100mbit          # measure a shaped transfer
     sudo python scripts/cluster.py cleanup                       # remove leftovers of a killed run
 """
@@ -178,12 +179,19 @@ class EmulatedCluster:
         """``argv`` run inside host ``host``'s namespace."""
         return ["ip", "netns", "exec", self.names[host], *argv]
 
-    def launch_args(self, np: int, command: list[str]) -> list[str]:
+    def launch_args(self, np: int, command: list[str], per_host: int = 1) -> list[str]:
         """The command line that starts Horovod's Gloo launcher inside host 0 (where its rendezvous
-        server listens) for ``np`` workers, one per host, running ``command``."""
-        if np > self.hosts:
-            raise ValueError(f"np ({np}) must not exceed the cluster's hosts ({self.hosts})")
-        hosts = ",".join(f"{name}:1" for name in self.names[:np])
+        server listens) for ``np`` workers, ``per_host`` on each host (Horovod's local ranks; the
+        last host may hold fewer), running ``command``. Workers on one host talk over its loopback,
+        as processes on one machine do; only traffic between hosts crosses the shaped links."""
+        if per_host < 1:
+            raise ValueError(f"per_host must be at least 1, got {per_host}")
+        needed = -(-np // per_host)
+        if needed > self.hosts:
+            raise ValueError(f"np ({np}) at {per_host} per host needs {needed} hosts; the cluster "
+                             f"has {self.hosts}")
+        slots = [min(per_host, np - i * per_host) for i in range(needed)]
+        hosts = ",".join(f"{name}:{k}" for name, k in zip(self.names, slots))
         return self.exec_args(0, [sys.executable, os.path.abspath(__file__), "launch", "--hosts",
                                   hosts, "--server", self.addresses[0], "--np", str(np), "--",
                                   *command])
@@ -252,6 +260,8 @@ def main() -> None:
     run = sub.add_parser("run", help="build a cluster, launch a Horovod job on it, tear it down")
     run.add_argument("--hosts", type=int, default=2)
     run.add_argument("--rate", default="unshaped", help="tc rate per link, e.g. 100mbit, 1gbit")
+    run.add_argument("--workers-per-host", type=int, default=1,
+                     help="Horovod workers on each host (local ranks); they share its link")
     run.add_argument("command", nargs=argparse.REMAINDER)
     perf = sub.add_parser("iperf", help="measure a shaped link with one TCP transfer")
     perf.add_argument("--rate", default="100mbit")
@@ -282,7 +292,8 @@ def main() -> None:
         print(f"{args.rate}: measured {bps / 1e6:.1f} Mbit/s")
     else:
         with EmulatedCluster(args.hosts, args.rate) as cluster:
-            code = subprocess.call(cluster.launch_args(args.hosts, command))
+            code = subprocess.call(cluster.launch_args(args.hosts * args.workers_per_host, command,
+                                                       args.workers_per_host))
         sys.exit(code)
 
 

@@ -87,8 +87,9 @@ def run_one(fw, workload, compression, rate, workers, args, emulate: bool, extra
     command = worker_command(fw, workload, compression, args, wire=emulate, extra=extra)
     try:
         if emulate:
-            with cluster.EmulatedCluster(workers, rate) as net:
-                output = _run(net.launch_args(workers, command), args.timeout)
+            per_host = args.workers_per_host
+            with cluster.EmulatedCluster(-(-workers // per_host), rate) as net:
+                output = _run(net.launch_args(workers, command, per_host), args.timeout)
         else:
             horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
             output = _run([horovodrun, "-np", str(workers), "-H", f"localhost:{workers}", "--gloo",
@@ -262,6 +263,8 @@ def main(argv=None) -> list[dict]:
                              "topk:ratio=0.01,qsgd:levels=15")
     parser.add_argument("--rates", default="100mbit,1gbit,unshaped")
     parser.add_argument("--workers", default="2")
+    parser.add_argument("--workers-per-host", type=int, default=1,
+                        help="workers on each emulated host (they share its link; default 1)")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps", type=int, default=60, help="steps per epoch (mnist, lstm)")
     parser.add_argument("--exchange-steps", type=int, default=4, help="steps per epoch (exchange)")

@@ -68,11 +68,15 @@ def median_time(fn, repeats: int) -> float:
 
 def compression_time(pipeline, grads, size: int, compile=lambda fn: fn) -> float:
     """Seconds to compress one step's gradients and decompress them as a receiver does (each
-    worker's payload when they are gathered, the summed one when reduced), without the network;
+    worker's payload when they are gathered, the summed one when reduced; through the shards'
+    owners, a payload's worth of shards decoded twice and one shard encoded again), without the
+    network;
     ``compile`` wraps the work as training runs it (``tf.function`` for TensorFlow)."""
     if pipeline is None:
         return 0.0
     from grace.ops import ops_for
+
+    route = pipeline.communicator.resolve(size).name
 
     @compile
     def once():
@@ -82,8 +86,11 @@ def compression_time(pipeline, grads, size: int, compile=lambda fn: fn) -> float
             if not pipeline.compresses(ops.shape(g), ops.dtype(g), ops):
                 continue
             payload, ctx = pipeline.compressor.compress(g, f"calibrate.{i}", ops)
-            copies = 1 if pipeline.communicator.name == "allreduce" else size
+            copies = {"allreduce": 1, "alltoall": 2}.get(route, size)
             outputs += [pipeline.compressor.decompress(payload, ctx, ops) for _ in range(copies)]
+            if route == "alltoall":  # the owner's shard, encoded again
+                shard = ops.slice(ops.flatten(g), 0, max(1, ops.numel(g) // size))
+                outputs += pipeline.compressor.compress(shard, f"calibrate.{i}.owner", ops)[0]
         return outputs
 
     once()
@@ -278,7 +285,7 @@ def run_torch(args, spec):
     dist_step()  # a first step outside the timings: Horovod negotiates each tensor once
     report(args, hvd.rank(), size, samples, compute_s, compress_s, dist_step, evaluate,
            lambda: pipeline.stats() if pipeline else None, sent,
-           lambda: hvd.allreduce(torch.zeros(1), name="barrier"))
+           lambda: hvd.allreduce(torch.zeros(1), name="barrier"), pipeline)
 
 
 def torch_optimizer(args, params, lr: float, momentum: float):
@@ -480,15 +487,17 @@ def run_tf(args, spec):
     dist_step()  # traces, and lets Horovod negotiate each tensor once
     report(args, rank, size, samples, compute_s, compress_s, dist_step, evaluate,
            lambda: pipeline.stats() if pipeline else None, sent,
-           lambda: hvd.allreduce(tf.zeros(1), name="barrier"))
+           lambda: hvd.allreduce(tf.zeros(1), name="barrier"), pipeline)
 
 
 # --- both ---------------------------------------------------------------------------------------
 def report(args, rank, size, samples, compute_s, compress_s, dist_step, evaluate, stats, dense,
-           barrier):
-    """Train ``--epochs`` × ``--steps``; rank 0 prints per-epoch and final JSON lines."""
+           barrier, pipeline=None):
+    """Train ``--epochs`` × ``--steps``; rank 0 prints per-epoch and final JSON lines (with the
+    communicator the pipeline used at this size, and the payload bytes it received per step)."""
     epochs = []
     sent_before = (stats() or {}).get("bytes_sent", 0)
+    received_before = (stats() or {}).get("bytes_received", 0)
     wall = 0.0
     for epoch in range(1, args.epochs + 1):
         barrier()
@@ -502,7 +511,8 @@ def report(args, rank, size, samples, compute_s, compress_s, dist_step, evaluate
             row["bytes_per_step"] = dense
         else:
             row["bytes_per_step"] = (s["bytes_sent"] - sent_before) / args.steps
-            sent_before = s["bytes_sent"]
+            row["received_per_step"] = (s["bytes_received"] - received_before) / args.steps
+            sent_before, received_before = s["bytes_sent"], s["bytes_received"]
         wall += row["wall_s"]
         row.update(evaluate(), train_wall_s=wall)
         epochs.append(row)
@@ -515,6 +525,9 @@ def report(args, rank, size, samples, compute_s, compress_s, dist_step, evaluate
               "communication_s": max(0.0, step_s - compute_s - compress_s),
               "bytes_per_step": float(np.mean([e["bytes_per_step"] for e in epochs])),
               "epochs": epochs}
+    if pipeline is not None:
+        result["communicator"] = pipeline.communicator.resolve(size).name
+        result["received_per_step"] = float(np.mean([e["received_per_step"] for e in epochs]))
     wire = [e["wire_bytes_per_step"] for e in epochs if "wire_bytes_per_step" in e]
     if wire:
         result["wire_bytes_per_step"] = float(np.mean(wire))

@@ -134,7 +134,7 @@ def codecs(bench_path: str = BENCH) -> dict[str, Codec]:
         name = row["compressor"]
         pipeline = grace.build(name)
         out[name] = Codec(name, row["payload_bytes"], row["compress_s"], row["decompress_s"],
-                          pipeline.communicator.name,
+                          pipeline.communicator.resolve(2).name,  # "auto" gathers at 2
                           pipeline.compressor.rounds)
     return out
 
@@ -160,35 +160,52 @@ def predict(codec_map: dict[str, Codec], sizes, rates, compute_s: float) -> list
 
 
 # --- validation against the emulated cluster -----------------------------------------------------
+def route(spec: str, codec: Codec, n: int, used: str | None = None) -> str:
+    """The communicator a measured run used: as it reported (``used``), else the one its spec
+    names (``auto`` resolved for ``n`` workers), else the compressor's default."""
+    if used:
+        return used
+    named = None if spec in ("fp32", "hvd-fp16") else json.loads(spec).get("communicator")
+    if named == "auto" or (named is None and codec.communicator == "allgather"):
+        from grace.communicators.alltoall import ALLTOALL_FROM
+
+        return "alltoall" if n >= ALLTOALL_FROM else "allgather"
+    return named or codec.communicator
+
+
 def validate(paths: list[str], codec_map: dict[str, Codec]) -> list[dict]:
     """Each measured exchange run against the model given its own compute time, compression time
     and payload (so that what is checked is the exchange's model): step time and bytes on the
-    host's link (eth0, sent + received)."""
+    host's link (eth0, sent + received). A run on unshaped links (no rate to model its time by)
+    checks the bytes only."""
     out = []
     for path in paths:
         with open(path) as f:
             runs = json.load(f)
         for run in runs:
-            if run.get("status") != "ok" or run.get("workload") != "exchange" or run["rate"] not in RATES:
+            if run.get("status") != "ok" or run.get("workload") != "exchange":
                 continue
+            timed = run["rate"] in RATES
             spec = run["compression"]
             name = spec if spec in ("fp32", "hvd-fp16") else json.loads(spec)["compressor"]
             if name not in codec_map:
                 continue
             base = codec_map[name]
             n = run["workers"]
+            kind = route(spec, base, n, run.get("communicator"))
             # The run's own payload and coding time: its compression_s times encode and n decodes.
             codec = Codec(name, run["bytes_per_step"], 0.0, 0.0, base.communicator, base.rounds)
-            predicted = step(codec, base.communicator, n, RATES[run["rate"]], 0.0,
+            predicted = step(codec, kind, n, RATES[run["rate"] if timed else "1gbit"], 0.0,
                              collectives_per_round(name))
             measured_exchange = run["step_s"] - run["compute_s"] - run["compression_s"]
-            row = {"source": os.path.relpath(path, ROOT), "compressor": name, "rate": run["rate"],
-                   "workers": n, "measured_step_ms": 1e3 * run["step_s"],
-                   "predicted_step_ms": 1e3 * (run["step_s"] - measured_exchange
-                                               + predicted["exchange_s"]),
-                   "measured_exchange_ms": 1e3 * measured_exchange,
-                   "predicted_exchange_ms": 1e3 * predicted["exchange_s"]}
-            row["step_error"] = row["predicted_step_ms"] / row["measured_step_ms"] - 1
+            row = {"source": os.path.relpath(path, ROOT), "compressor": name, "communicator": kind,
+                   "rate": run["rate"], "workers": n, "measured_step_ms": 1e3 * run["step_s"]}
+            if timed:
+                row.update(predicted_step_ms=1e3 * (run["step_s"] - measured_exchange
+                                                    + predicted["exchange_s"]),
+                           measured_exchange_ms=1e3 * measured_exchange,
+                           predicted_exchange_ms=1e3 * predicted["exchange_s"])
+                row["step_error"] = row["predicted_step_ms"] / row["measured_step_ms"] - 1
             if run.get("wire_bytes_per_step"):
                 row["measured_link_bytes"] = run["wire_bytes_per_step"]
                 row["predicted_link_bytes"] = predicted["link_bytes"] + CONTROL_BYTES_PER_S * run["step_s"]
@@ -198,14 +215,16 @@ def validate(paths: list[str], codec_map: dict[str, Codec]) -> list[dict]:
 
 
 def validation_table(rows: list[dict]) -> str:
-    lines = ["| run | compressor | rate | workers | step ms measured | predicted | error | "
-             "link MB measured | predicted | error |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| run | compressor | route | rate | workers | step ms measured | predicted | error | "
+             "link MB measured | predicted | error |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         link = (f"{r['measured_link_bytes'] / 1e6:.2f} | {r['predicted_link_bytes'] / 1e6:.2f} | "
                 f"{100 * r['bytes_error']:+.1f}%") if "bytes_error" in r else "– | – | –"
-        lines.append(f"| {r['source']} | {r['compressor']} | {r['rate']} | {r['workers']} | "
-                     f"{r['measured_step_ms']:.0f} | {r['predicted_step_ms']:.0f} | "
-                     f"{100 * r['step_error']:+.0f}% | {link} |")
+        timed = (f"{r['predicted_step_ms']:.0f} | {100 * r['step_error']:+.0f}%"
+                 if "step_error" in r else "– | –")
+        lines.append(f"| {r['source']} | {r['compressor']} | {r['communicator']} | {r['rate']} | "
+                     f"{r['workers']} | {r['measured_step_ms']:.0f} | {timed} | {link} |")
     return "\n".join(lines)
 
 
@@ -230,6 +249,53 @@ def speedup_table(rows: list[dict], sizes, rates) -> str:
                 cells.append(f"{dense / best:.2f}{' a' if kind == 'alltoall' else ''}")
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines).lstrip("\n")
+
+
+def bytes_plot(checked: list[dict], path: str) -> None:
+    """Measured bytes on a host's link per step against the number of hosts, relative to the same
+    route's at 2 hosts: one panel per compressor, a line per route (solid: gathered, dashed:
+    all-to-all + all-gather; the model's prediction as hollow markers), Horovod's fp32 ring
+    allreduce in grey in every panel. Absolute megabytes at the largest size in the legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in checked if "measured_link_bytes" in r]
+    names = sorted({r["compressor"] for r in rows} - {"fp32"})
+    if not names:
+        return
+    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.4), squeeze=False,
+                             sharey=True)
+    styles = {"allgather": ("-", "tab:red", "o"), "alltoall": ("--", "tab:blue", "s"),
+              "allreduce": ("-", "0.6", "D")}
+    for ax, name in zip(axes.flat, names):
+        for compressor, kind in [("fp32", "allreduce")] + [(name, k) for k in ("allgather", "alltoall")]:
+            mine = sorted((r for r in rows if r["compressor"] == compressor and r["communicator"] == kind),
+                          key=lambda r: r["workers"])
+            if not mine:
+                continue
+            style, color, marker = styles[kind]
+            base = mine[0]["measured_link_bytes"]
+            hosts = [r["workers"] for r in mine]
+            label = (f"{'fp32 ring' if compressor == 'fp32' else kind}: "
+                     f"{mine[-1]['measured_link_bytes'] / 1e6:.1f} MB at {hosts[-1]}")
+            ax.plot(hosts, [r["measured_link_bytes"] / base for r in mine], style, color=color,
+                    marker=marker, label=label)
+            if compressor != "fp32":
+                ax.plot(hosts, [r["predicted_link_bytes"] / base for r in mine], marker, color=color,
+                        mfc="none", ms=10, ls="none")
+        ax.set_title(name)
+        ax.set_xlabel("hosts (one worker each)")
+        ax.set_xticks(sorted({r["workers"] for r in rows}))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes.flat[0].set_ylabel("bytes on a host's link / at 2 hosts")
+    fig.suptitle("bytes per host per step: gathered grows with the hosts, through the owners it "
+                 "stays flat like the ring (hollow: the model)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def plot(rows: list[dict], rates, path: str) -> None:
@@ -312,6 +378,8 @@ def main(argv=None):
         with open(os.path.join(args.out, "model.json"), "w") as f:
             json.dump({"predicted": rows, "validated": checked if args.validate else []}, f, indent=1)
         plot(rows, rates, os.path.join(args.out, "model.png"))
+        if args.validate:
+            bytes_plot(checked, os.path.join(args.out, "bytes.png"))
     return rows
 
 

@@ -92,14 +92,65 @@ def fp16_sum(values):
     return total.astype(np.float64)
 
 
+def two_stage_topk(ratio, workers):
+    """``communicator="alltoall"`` with top-k, from its definition: each worker cuts (gradient +
+    its residual) into ``workers`` shards (sizes differing by at most one, the larger first) and
+    keeps the top-k of each shard (``k = max(16, int(ratio * shard))``), its residual the rest;
+    each shard's owner adds up the workers' sparse shards and its own residual, keeps the top-k of
+    that, its residual the rest; the kept shards, joined, are the sum every worker receives.
+    Returns ``exchange(name, step, gradients) -> sum`` for ``simulate``."""
+    residuals, owners = {}, {}
+
+    def keep_top(x):
+        k = min(x.size, max(16, int(ratio * x.size)))
+        keep = np.argsort(-np.abs(x), kind="stable")[:k]
+        sent = np.zeros_like(x)
+        sent[keep] = x[keep]
+        return sent
+
+    def exchange(name, step, gradients):
+        shape = gradients[0].shape
+        size = gradients[0].size
+        base, extra = divmod(size, workers)
+        bounds = np.cumsum([0] + [base + (1 if j < extra else 0) for j in range(workers)])
+        shards = [slice(bounds[j], bounds[j + 1]) for j in range(workers)]
+        totals = [np.zeros(s.stop - s.start) for s in shards]
+        for rank, g in enumerate(gradients):
+            c = g.reshape(-1) + residuals.get((name, rank), 0.0)
+            sent = np.concatenate([keep_top(c[s]) for s in shards])
+            residuals[(name, rank)] = c - sent
+            for j, s in enumerate(shards):
+                totals[j] = totals[j] + sent[s]
+        out = []
+        for j, total in enumerate(totals):
+            t = total + owners.get((name, j), 0.0)
+            sent = keep_top(t)
+            owners[(name, j)] = t - sent
+            out.append(sent)
+        return np.concatenate(out).reshape(shape)
+    return exchange
+
+
+def hierarchical(compress, per_host):
+    """``hierarchical=True``: each host's workers (``per_host`` consecutive ranks) sum their
+    gradients dense, the host's sum is compressed (``compress(name, host, step, g)``) and the hosts'
+    compressed sums are added. Returns ``exchange(name, step, gradients) -> sum`` for ``simulate``."""
+    def exchange(name, step, gradients):
+        hosts = [sum(gradients[h * per_host:(h + 1) * per_host]) for h in range(len(gradients) // per_host)]
+        return sum(compress(name, h, step, g) for h, g in enumerate(hosts))
+    return exchange
+
+
 def simulate(compress=None, workers=2, steps=10, average=True, passes=1, clip=None, adam=False,
-             fp16=False, ranks=None, momentum=None, nesterov=False, joined=False):
+             fp16=False, ranks=None, momentum=None, nesterov=False, joined=False, exchange=None):
     """Final (W, b) of data-parallel training of common.py's model. ``compress(name, rank, step, g)``
     is applied to W's gradient (b is below the size threshold and travels dense). ``ranks`` chooses
     whose data the workers train on (default: ``range(workers)``). ``momentum``: SGD's momentum on
     the combined gradient of each tensor, e.g. ``{"w": 0.0, "b": 0.9}`` (Nesterov's if asked).
     ``joined``: ``compress`` takes b and W joined into one vector, as ``granularity="bucket"``
-    compresses a bucket (b first: the wrapper's buckets follow the reverse registration order)."""
+    compresses a bucket (b first: the wrapper's buckets follow the reverse registration order).
+    ``exchange(name, step, gradients)``: W's sum over the workers, computed from all of their
+    gradients at once (a two-stage exchange), in place of compressing each and adding up."""
     ranks = list(range(workers)) if ranks is None else list(ranks)
     workers = len(ranks)
     w, b = (a.astype(np.float64) for a in init_weights(0))
@@ -121,7 +172,9 @@ def simulate(compress=None, workers=2, steps=10, average=True, passes=1, clip=No
                 gw = compress("weight", rank, step, gw)
             gw_all.append(gw)
             gb_all.append(gb)
-        if fp16:
+        if exchange is not None:
+            gw, gb = exchange("weight", step, gw_all), np.sum(gb_all, axis=0)
+        elif fp16:
             gw, gb = fp16_sum(gw_all), fp16_sum(gb_all)
         else:
             gw, gb = np.sum(gw_all, axis=0), np.sum(gb_all, axis=0)

@@ -4,6 +4,7 @@ machine has; elsewhere compare.py falls back to localhost, and these tests do no
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -99,3 +100,40 @@ def test_two_host_comparison_on_tiny_settings(tmp_path):
                  "test_accuracy_vs_time_mnist.png", "torch_vs_tf.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert "| torch | topk(ratio=0.01) | 20mbit | 2 | ok |" in (tmp_path / "results.md").read_text()
+
+
+HOSTS_PROBE = """
+import json, torch, horovod.torch as hvd
+hvd.init()
+def eth0():
+    with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
+        return int(f.read())
+before = eth0()
+hvd.allreduce(torch.ones(2**20), name="probe")  # 4 MiB each way around the ring
+print("PROBE " + json.dumps([hvd.rank(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),
+                             hvd.cross_size(), eth0() - before]), flush=True)
+"""
+
+
+def probe(tmp_path, hosts, per_host):
+    script = tmp_path / "probe.py"
+    script.write_text(HOSTS_PROBE)
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "cluster.py"), "run",
+                          "--hosts", str(hosts), "--workers-per-host", str(per_host), "--",
+                          sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "PYTHONPATH": ROOT})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    rows = [json.loads(line.split("PROBE ", 1)[1]) for line in out.stdout.splitlines() if "PROBE " in line]
+    return sorted(rows)
+
+
+def test_several_workers_per_host_are_local_ranks_and_talk_over_loopback(tmp_path):
+    """2 hosts x 2 workers: Horovod sees two local ranks per host and two hosts; an allreduce of
+    4 MiB among workers of one host puts nothing on its link, across hosts it does."""
+    rows = probe(tmp_path, 2, 2)
+    assert [(r[0], r[1], r[2], r[3], r[4]) for r in rows] == [
+        (0, 0, 2, 0, 2), (1, 1, 2, 0, 2), (2, 0, 2, 1, 2), (3, 1, 2, 1, 2)]
+    alone = probe(tmp_path, 1, 2)  # one host: the ring stays inside it
+    assert all(r[5] < 2**20 for r in alone), alone
+    apart = probe(tmp_path, 2, 1)
+    assert all(r[5] > 4 * 2**20 for r in apart), apart

@@ -50,16 +50,46 @@ def test_decoding_follows_the_route():
     assert gathered["link_bytes"] == pytest.approx(2 * 7 * MB)
 
 
-def test_a_measured_run_is_set_against_its_prediction(tmp_path):
-    run = {"status": "ok", "workload": "exchange", "rate": "1gbit", "workers": 2,
-           "compression": "fp32", "bytes_per_step": 100 * MB, "step_s": 1.0, "compute_s": 0.05,
-           "compression_s": 0.0, "wire_bytes_per_step": 201 * MB}
+def validated(tmp_path, codec, **run):
+    """The model's row for one measured exchange run (a step of 1 s, 50 ms of compute)."""
+    run = {"status": "ok", "workload": "exchange", "step_s": 1.0, "compute_s": 0.05, **run}
     path = tmp_path / "results.json"
     path.write_text(json.dumps([run]))
-    codecs = {"fp32": cost_model.Codec("fp32", 100 * MB, 0.0, 0.0, "allreduce")}
-    (row,) = cost_model.validate([str(path)], codecs)
+    (row,) = cost_model.validate([str(path)], {codec.name: codec})
+    return row
+
+
+def test_a_measured_run_is_set_against_its_prediction(tmp_path):
+    row = validated(tmp_path, cost_model.Codec("fp32", 100 * MB, 0.0, 0.0, "allreduce"),
+                    rate="1gbit", workers=2, compression="fp32", bytes_per_step=100 * MB,
+                    compression_s=0.0, wire_bytes_per_step=201 * MB)
     buckets = cost_model.collectives_per_round("fp32")
     exchange = buckets * cost_model.collective("allreduce", 2, 100 * MB / buckets, RATE)[0]
     assert row["predicted_step_ms"] == pytest.approx(1e3 * (0.05 + exchange))
     assert row["predicted_link_bytes"] == pytest.approx(200 * MB + cost_model.CONTROL_BYTES_PER_S)
     assert row["bytes_error"] == pytest.approx((200 * MB + 0.6 * MB) / (201 * MB) - 1)
+
+
+def test_the_route_a_run_took():
+    """A run's route: as it reported, else as its spec names it (``auto`` by the job's size), else
+    the compressor's default (``auto`` for a gathered one)."""
+    gathered = cost_model.Codec("topk", MB, 0.0, 0.0, "allgather")
+    summed = cost_model.Codec("randomk", MB, 0.0, 0.0, "allreduce")
+    spec = json.dumps({"compressor": "topk"})
+    assert cost_model.route(spec, gathered, 4) == "allgather"
+    assert cost_model.route(spec, gathered, 8) == "alltoall"
+    assert cost_model.route(spec, gathered, 8, used="allgather") == "allgather"
+    assert cost_model.route(json.dumps({"compressor": "topk", "communicator": "alltoall"}),
+                            gathered, 2) == "alltoall"
+    assert cost_model.route(json.dumps({"compressor": "randomk"}), summed, 8) == "allreduce"
+
+
+def test_an_unshaped_run_checks_the_bytes_only(tmp_path):
+    """Through the owners at 4 hosts: each worker sends and receives 2 (3/4) of its payload."""
+    row = validated(tmp_path, cost_model.Codec("topk", 2 * MB, 0.0, 0.0, "allgather"),
+                    rate="unshaped", workers=4, communicator="alltoall",
+                    compression=json.dumps({"compressor": "topk", "communicator": "alltoall"}),
+                    bytes_per_step=2 * MB, compression_s=0.1, wire_bytes_per_step=6.5 * MB)
+    assert "step_error" not in row and row["communicator"] == "alltoall"
+    sent = 2 * 3 / 4 * (2 * MB)
+    assert row["predicted_link_bytes"] == pytest.approx(2 * sent + cost_model.CONTROL_BYTES_PER_S)

@@ -61,6 +61,26 @@ def test_keras_accumulation_combines_once_per_update(tf_run):
     assert infos[0]["stats"]["bytes_sent"] == TOPK_BYTES
 
 
+# communicator="alltoall": a step's bytes per worker (W: 640 elements a shard, top-k 32 of each):
+# its shard for the other worker, 32 values and indices, and its owner's shard re-encoded, with their
+# two lengths; b dense.
+ALLTOALL_BYTES = STEPS * (32 * 8 + (32 * 8 + 2 * 4) + 8 * 4)
+
+
+@pytest.mark.parametrize("run", ["tape_eager_topk_alltoall", "tape_function_topk_alltoall"])
+def test_tape_through_shard_owners_matches_the_two_stage_model(tf_run, run):
+    infos = check(tf_run, run, reference.simulate(exchange=reference.two_stage_topk(0.05, 2)))
+    assert infos[0]["stats"]["bytes_sent"] == ALLTOALL_BYTES
+    assert infos[0]["stats"]["bytes_received"] == STEPS * (32 * 8 * 2 + 8 * 4)
+
+
+def test_keras_through_shard_owners_matches_the_two_stage_model(tf_run):
+    """Keras's kernel is W transposed, so its shards cut the transposed gradient."""
+    model = reference.two_stage_topk(0.05, 2)
+    check(tf_run, "keras_topk_alltoall", reference.simulate(
+        exchange=lambda name, step, grads: model(name, step, [g.T for g in grads]).T))
+
+
 def test_legacy_distributed_optimizer(tf_run):
     check(tf_run, "legacy_topk", reference.simulate(reference.topk_with_residual(0.05)))
 

@@ -48,6 +48,27 @@ def test_topk_residual_average_matches_numpy_model(gloo_run):
     assert stats["bytes_dense"] == 10 * (1280 * 4 + 8 * 4)
 
 
+def test_topk_through_shard_owners_matches_the_two_stage_model(gloo_run):
+    """communicator="alltoall": shards to their owners, re-encoded there, gathered; error
+    feedback on both sides (reference.two_stage_topk)."""
+    infos = check(gloo_run, "topk_alltoall",
+                  reference.simulate(exchange=reference.two_stage_topk(0.05, 2)))
+    # W's shard for the other worker (32 values and indices), then its own shard re-encoded (with
+    # its two lengths); b dense. Received: the other worker's shard and the other owner's.
+    assert infos[0]["stats"]["bytes_sent"] == 10 * (32 * 8 + 32 * 8 + 2 * 4 + 8 * 4)
+    assert infos[0]["stats"]["bytes_received"] == 10 * (32 * 8 * 2 + 8 * 4)
+
+
+def test_four_workers_through_shard_owners(tmp_path):
+    """4 Gloo workers: shards of 320 elements, top-k 16 of each; a worker's bytes are those of two
+    workers, where gathering would receive three payloads."""
+    horovodrun(WORKER, str(tmp_path), "--scenarios", "topk_alltoall", np=4)
+    infos = check(tmp_path, "topk_alltoall",
+                  reference.simulate(workers=4, exchange=reference.two_stage_topk(0.05, 4)), ranks=4)
+    assert infos[0]["stats"]["bytes_sent"] == 10 * (3 * 16 * 8 + 16 * 8 + 2 * 4 + 8 * 4)
+    assert infos[0]["stats"]["bytes_received"] == 10 * (2 * 3 * 16 * 8 + 8 * 4)
+
+
 def test_topk_with_sum_op(gloo_run):
     check(gloo_run, "topk_sum", reference.simulate(reference.topk_with_residual(0.05), average=False))
 
@@ -128,8 +149,9 @@ def test_import_order_horovod_first_and_runs_are_deterministic(gloo_run, tmp_pat
 
 
 def test_mpi_controller(tmp_path):
-    horovodrun(WORKER, str(tmp_path), "--scenarios", "topk,randomk", controller="mpi")
+    horovodrun(WORKER, str(tmp_path), "--scenarios", "topk,randomk,topk_alltoall", controller="mpi")
     check(tmp_path, "topk", reference.simulate(reference.topk_with_residual(0.05)))
+    check(tmp_path, "topk_alltoall", reference.simulate(exchange=reference.two_stage_topk(0.05, 2)))
     check(tmp_path, "randomk", reference.simulate(reference.randomk_with_residual(0.05, 3)))
 
 

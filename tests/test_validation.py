@@ -30,7 +30,8 @@ def test_unknown_names_suggest_the_closest():
     with pytest.raises(ValueError, match=r"unknown memory 'residul' \(did you mean 'residual'\?\)"):
         grace.topk(0.1, memory="residul")
     with pytest.raises(ValueError, match=r"unknown communicator 'allgater' \(did you mean "
-                                         r"'allgather'\?\); allowed: allgather, allreduce, broadcast"):
+                                         r"'allgather'\?\); allowed: allgather, allreduce, "
+                                         r"alltoall, auto, broadcast"):
         grace.topk(0.1, communicator="allgater")
 
 
@@ -41,7 +42,7 @@ def test_topk_through_allreduce_is_refused():
 
 def test_from_params_builds_the_same_pipeline():
     p = grace.from_params({"compressor": "topk", "ratio": 0.01, "memory": "residual",
-                           "communicator": "allgather"})
+                           "communicator": "auto"})
     assert repr(p) == repr(grace.topk(0.01))
     assert repr(grace.from_params({"compressor": "randomk", "seed": 4})) == repr(grace.randomk(seed=4))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
-from horovod.tensorflow.mpi_ops import allgather, broadcast
+from horovod.tensorflow.mpi_ops import allgather, alltoall, broadcast
 
 from frameworks import internals
 from frameworks.process_set import ProcessSetCollectives
@@ -16,6 +16,8 @@ _allreduce = internals.tf_allreduce()
 
 
 class HorovodCollectives(ProcessSetCollectives):
+    horovod = hvd
+
     def __init__(self, process_set=None):
         super().__init__(process_set, hvd.global_process_set)
 
@@ -36,9 +38,15 @@ class HorovodCollectives(ProcessSetCollectives):
                                                     process_set=self.process_set))
 
     def broadcast_async(self, tensor, root, name):
-        return _bits_in(tensor, lambda t: broadcast(t, root, name=_op_name(name),
+        return _bits_in(tensor, lambda t: broadcast(t, self.global_rank(root), name=_op_name(name),
                                                     ignore_name_scope=True,
                                                     process_set=self.process_set))
+
+    def alltoall_async(self, tensor, splits, name):
+        # The received splits are left out: grace's payloads carry their own lengths.
+        return _bits_in(tensor, lambda t: alltoall(t, splits=splits, name=_op_name(name),
+                                                   ignore_name_scope=True,
+                                                   process_set=self.process_set)[0])
 
     def synchronize(self, handle):
         return handle

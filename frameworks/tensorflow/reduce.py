@@ -67,6 +67,8 @@ def make_reduce_grads(pipeline: Pipeline, op=hvd.Average, gradient_predivide_fac
     collectives = HorovodCollectives(process_set)
     _check_agreement(pipeline, collectives, op=op, gradient_predivide_factor=gradient_predivide_factor,
                      sparse_as_dense=sparse_as_dense)
+    if pipeline.hierarchical:  # the hosts' process sets, made now (eagerly) on every worker
+        collectives.hosts()
 
     def reduce_grads(grads: Sequence, variables: Sequence | None = None, use_generic_names=False):
         grads = list(grads)

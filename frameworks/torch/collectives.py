@@ -11,6 +11,8 @@ from frameworks.process_set import ProcessSetCollectives
 class HorovodCollectives(ProcessSetCollectives):
     """Horovod's async allreduce (sum), allgather and broadcast among one process set."""
 
+    horovod = hvd
+
     def __init__(self, process_set=None):
         super().__init__(process_set, hvd.global_process_set)
 
@@ -28,10 +30,22 @@ class HorovodCollectives(ProcessSetCollectives):
         return _bits_in(tensor, lambda t: hvd.allgather_async(t, name=name, process_set=self.process_set))
 
     def broadcast_async(self, tensor, root, name):
-        return _bits_in(tensor, lambda t: hvd.broadcast_async(t, root_rank=root, name=name,
+        return _bits_in(tensor, lambda t: hvd.broadcast_async(t, root_rank=self.global_rank(root),
+                                                              name=name,
                                                               process_set=self.process_set))
 
+    def alltoall_async(self, tensor, splits, name):
+        # Horovod takes the splits on the host; its result comes with the received splits, which
+        # grace's payloads do not need (each carries its own lengths).
+        return _Scattered(_bits_in(tensor, lambda t: hvd.alltoall_async(
+            t, splits=splits.to("cpu"), name=name, process_set=self.process_set)))
+
     def synchronize(self, handle):
+        if isinstance(handle, _Scattered):
+            inner = handle.handle
+            bits = isinstance(inner, _AsBits)
+            received, _ = hvd.synchronize(inner.handle if bits else inner)
+            return received.view(torch.bfloat16) if bits else received
         if isinstance(handle, _SummedBits):
             rows = hvd.synchronize(handle.handle).view(torch.bfloat16).float()
             return rows.sum(0, dtype=torch.float32).to(torch.bfloat16).reshape(handle.shape)
@@ -41,6 +55,11 @@ class HorovodCollectives(ProcessSetCollectives):
 
 
 class _AsBits:
+    def __init__(self, handle):
+        self.handle = handle
+
+
+class _Scattered:
     def __init__(self, handle):
         self.handle = handle
 

@@ -60,6 +60,8 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         if self.process_set.included():
             self._register_hooks()
             self._check_agreement()
+            if compression.hierarchical:  # the hosts' process sets, made now on every worker
+                self._collectives.hosts()
 
     # --- set-up --------------------------------------------------------------------------------
     def _register_hooks(self):

@@ -21,11 +21,18 @@ class InProcessGroup:
     Works on the tensors of any adapter (numpy, torch, TensorFlow): contributions are combined as
     numpy arrays and each worker gets its result back as a tensor of its own kind and device."""
 
-    def __init__(self, size: int, timeout: float = 30.0):
+    def __init__(self, size: int, timeout: float = 30.0, per_host: int | None = None):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"size must be a positive int, got {size!r}")
+        if per_host is not None and (not isinstance(per_host, int) or per_host < 1 or size % per_host):
+            raise ValueError(f"per_host must be a positive int that divides size ({size}), got "
+                             f"{per_host!r}")
         self.size = size
         self.timeout = timeout
+        self.per_host = per_host
+        if per_host is not None:  # hosts of consecutive ranks, as Horovod's launcher places them
+            self._local = [InProcessGroup(per_host, timeout) for _ in range(size // per_host)]
+            self._cross = [InProcessGroup(size // per_host, timeout) for _ in range(per_host)]
         self._ops: dict[tuple[str, str], dict[int, Any]] = {}
         self._done: dict[tuple[str, str], int] = {}
         self._changed = threading.Condition()
@@ -69,6 +76,8 @@ class InProcessGroup:
             result = result.astype(contributions[0].dtype)
         elif kind == "allgather":
             result = np.concatenate([np.reshape(contributions[r], -1) for r in range(self.size)])
+        elif kind == "alltoall":  # each source's slice for this rank, in rank order
+            result = np.concatenate([_slices(*contributions[r])[rank] for r in range(self.size)])
         else:
             root = contributions[0][0]
             result = np.array(contributions[root][1], copy=True)
@@ -85,6 +94,13 @@ def _host(tensor):
     return np.array(ops_for(tensor).to_numpy(tensor), copy=True), tensor
 
 
+def _slices(tensor, splits) -> list:
+    """``tensor`` (1-d) cut into consecutive pieces of ``splits`` elements."""
+    bounds = np.concatenate([[0], np.cumsum(np.asarray(splits, dtype=np.int64))])
+    flat = np.reshape(tensor, -1)
+    return [flat[bounds[j]:bounds[j + 1]] for j in range(len(bounds) - 1)]
+
+
 class _InProcessWorker:
     def __init__(self, group: InProcessGroup, rank: int):
         self._group, self.rank, self.size = group, rank, group.size
@@ -98,8 +114,23 @@ class _InProcessWorker:
     def broadcast_async(self, tensor, root, name):
         return self._group._contribute(("broadcast", name), self.rank, (root, *_host(tensor)))
 
+    def alltoall_async(self, tensor, splits, name):
+        data, like = _host(tensor)
+        return self._group._contribute(("alltoall", name), self.rank,
+                                       ((data, _host(splits)[0]), like))
+
     def synchronize(self, handle):
         return self._group._result(handle, self.rank)
+
+    def hosts(self):
+        """(this worker's host, the workers of its local rank on every host), for a group built
+        with ``per_host``."""
+        group = self._group
+        if group.per_host is None:
+            raise ValueError("InProcessGroup(size, per_host=k) simulates hosts of k workers; this "
+                             "group was built without per_host")
+        host, local = divmod(self.rank, group.per_host)
+        return group._local[host].worker(local), group._cross[local].worker(host)
 
 
 class MPICollectives:
@@ -126,6 +157,9 @@ class MPICollectives:
     def broadcast_async(self, tensor, root, name):
         return ("broadcast", np.ascontiguousarray(tensor), root)
 
+    def alltoall_async(self, tensor, splits, name):
+        return ("alltoall", np.ascontiguousarray(tensor).reshape(-1), np.asarray(splits))
+
     def synchronize(self, handle):
         kind, tensor, root = handle
         if kind == "allreduce":
@@ -136,4 +170,6 @@ class MPICollectives:
             return out
         if kind == "allgather":
             return np.concatenate(self._comm.allgather(tensor))
+        if kind == "alltoall":
+            return np.concatenate(self._comm.alltoall(_slices(tensor, root)))
         return self._comm.bcast(tensor if self.rank == root else None, root=root)

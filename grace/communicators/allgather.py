@@ -13,7 +13,7 @@ class Allgather(Communicator):
 
     name = "allgather"
 
-    def start(self, payloads, varies, flag, tag, group, ops):
+    def start(self, payloads, varies, flag, tag, group, ops, entries=()):
         parts = [((i, j), t, vary) for i, (payload, vary) in enumerate(zip(payloads, varies))
                  for j, t in enumerate(payload)]
         buffer, layout = pack_bytes(parts, flag, ops)
@@ -24,5 +24,7 @@ class Allgather(Communicator):
     def finish(self, started, group, ops):
         handle, layout, counts = started.handle
         workers, flag = unpack_bytes(group.synchronize(handle), layout, group.size, ops)
+        started.bytes_received = sum(ops.nbytes(t) for r, parts in enumerate(workers)
+                                     if r != group.rank for t in parts.values())
         return [[[parts[(i, j)] for j in range(n)] for parts in workers]
                 for i, n in enumerate(counts)], flag

@@ -13,7 +13,7 @@ class Allreduce(Communicator):
 
     name = "allreduce"
 
-    def bind(self, compressor):
+    def bind(self, compressor, memory=None):
         if not compressor.summable:
             raise ValueError(
                 f"communicator='allreduce' cannot carry {compressor.name!r} payloads: each worker's "
@@ -21,7 +21,7 @@ class Allreduce(Communicator):
                 f"wrong. Use communicator='allgather' (or 'broadcast')."
             )
 
-    def start(self, payloads, varies, flag, tag, group, ops):
+    def start(self, payloads, varies, flag, tag, group, ops, entries=()):
         parts = [((i, j), t) for i, payload in enumerate(payloads) for j, t in enumerate(payload)]
         buffers, layout = pack_sums(parts, flag, ops)
         handles = [group.allreduce_async(b, f"{tag}.sum{k}") for k, b in enumerate(buffers)]
@@ -32,4 +32,5 @@ class Allreduce(Communicator):
     def finish(self, started, group, ops):
         handles, layout, counts = started.handle
         parts, flag = unpack_sums([group.synchronize(h) for h in handles], layout, ops)
+        started.bytes_received = started.bytes_sent  # the sum, as large as what went in
         return [[[parts[(i, j)] for j in range(n)]] for i, n in enumerate(counts)], flag

@@ -11,14 +11,14 @@ class Broadcast(Communicator):
 
     name = "broadcast"
 
-    def bind(self, compressor):
+    def bind(self, compressor, memory=None):
         if not compressor.fixed_size:
             raise ValueError(
                 f"communicator='broadcast' needs payloads of a size known in advance, and "
                 f"{compressor.name!r} payloads vary; use communicator='allgather'."
             )
 
-    def start(self, payloads, varies, flag, tag, group, ops):
+    def start(self, payloads, varies, flag, tag, group, ops, entries=()):
         handles = []
         for i, payload in enumerate(payloads):
             per_root = []
@@ -34,5 +34,9 @@ class Broadcast(Communicator):
         return Started(handles, False, sent_bytes)
 
     def finish(self, started, group, ops):
-        return [[[group.synchronize(h) for h in per_root] for per_root in payload]
-                for payload in started.handle], None
+        received = [[[group.synchronize(h) for h in per_root] for per_root in payload]
+                    for payload in started.handle]
+        started.bytes_received = sum(ops.nbytes(t) for payload in received
+                                     for root, parts in enumerate(payload) if root != group.rank
+                                     for t in parts)
+        return received, None

@@ -97,6 +97,32 @@ class SignSGD(Compressor):
     def payload_nbytes(self, shape, itemsize):
         return _bits_nbytes(shape)
 
+    def owner_codec(self):
+        return Votes()
+
+
+class Votes(Compressor):
+    """A majority vote, as a shard's owner sends it on (``communicator="alltoall"``): each element
+    is ``-s``, ``0`` or ``+s`` (``s``: the vote in units of a sum over workers), sent exactly as a
+    2-bit code and ``s``. One bit cannot carry the ties (0) that a vote of an even number of
+    workers has."""
+
+    name = "votes"
+
+    def encode(self, flat, name, ctx, ops):
+        x = ops.cast(flat, compute_dtype(ctx.dtype))
+        codes = ops.add(ops.sign(x), ops.full(ctx.numel, 1.0, ops.dtype(x), like=x))  # 0, 1, 2
+        return [ops.cast(ops.max_abs(x), ctx.dtype), ops.pack_bits(ops.cast(codes, "uint8"), 2)]
+
+    def decode(self, payload, ctx, ops):
+        scale, packed = payload
+        values = ops.mul(ops.constant([-1.0, 0.0, 1.0, 0.0], ctx.dtype, like=packed),
+                         ops.cast(scale, ctx.dtype))
+        return steps.unpack_values(ops, packed, values, bits=2, n=ctx.numel)
+
+    def payload_nbytes(self, shape, itemsize):
+        return itemsize + math.ceil(numel_of(shape) * 2 / 8)
+
 
 class Signum(OwnsMomentum, SignSGD):
     """signum: signSGD applied to momentum. Each worker keeps, per tensor, ``m = beta * m + (1 -

@@ -103,6 +103,14 @@ def keras_fit(name, compression, different_start=True, momentum=0.0, accumulate=
 scenarios = {
     "tape_eager_topk": lambda: tape_training("tape_eager_topk", grace.topk(0.05), False),
     "tape_function_topk": lambda: tape_training("tape_function_topk", grace.topk(0.05), True),
+    "tape_eager_topk_alltoall": lambda: tape_training(
+        "tape_eager_topk_alltoall", grace.topk(0.05, communicator="alltoall"), False),
+    "tape_function_topk_alltoall": lambda: tape_training(
+        "tape_function_topk_alltoall", grace.topk(0.05, communicator="alltoall"), True),
+    "tape_function_topk_hierarchical": lambda: tape_training(
+        "tape_function_topk_hierarchical", grace.topk(0.05, hierarchical=True), True),
+    "keras_topk_alltoall": lambda: keras_fit("keras_topk_alltoall",
+                                             grace.topk(0.05, communicator="alltoall"), False),
     "tape_function_randomk": lambda: tape_training("tape_function_randomk",
                                                    grace.randomk(0.05, seed=3), True),
     "tape_function_fp16_sum": lambda: tape_training("tape_function_fp16_sum", grace.fp16(), True,

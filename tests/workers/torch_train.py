@@ -102,6 +102,12 @@ else:
         "topk_broadcast": lambda: train("topk_broadcast",
                                         lambda: grace.topk(0.05, communicator="broadcast")),
         "randomk": lambda: train("randomk", lambda: grace.randomk(0.05, seed=3)),
+        # Shards all-to-all to their owners, re-encoded there, gathered (any number of workers).
+        "topk_alltoall": lambda: train("topk_alltoall",
+                                       lambda: grace.topk(0.05, communicator="alltoall")),
+        # Dense within each host, top-k between hosts (launched on the emulated cluster).
+        "topk_hierarchical": lambda: train("topk_hierarchical",
+                                           lambda: grace.topk(0.05, hierarchical=True)),
         "fp16": lambda: train("fp16", lambda: grace.fp16()),
         "none_passes2": lambda: train("none_passes2", lambda: grace.none(), passes=2),
         "topk_clip": lambda: train("topk_clip", lambda: grace.topk(0.05), clip=0.05),
