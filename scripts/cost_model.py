@@ -8,7 +8,7 @@ worker per host and n hosts:
   ``2 (n-1)/n · B`` in ``2 (n-1)`` hops: ``2 (n-1) α + 2 (n-1)/n · B / β``. Its bytes stay flat in n.
 - **allgather** (ring) of P bytes per worker: each worker sends and receives ``(n-1) · P`` in
   ``n-1`` hops: ``(n-1) α + (n-1) P / β``. Its bytes grow with n.
-- **all-to-all + all-gather** (the two-stage exchange of issue 16: shards to their owners, each
+- **all-to-all + all-gather** (``communicator="alltoall"``: shards to their owners, each
   owner re-compresses its shard, the shards gathered): ``2 (n-1)/n · P`` per worker in
   ``2 (n-1)`` hops, flat in n like the ring allreduce.
 
