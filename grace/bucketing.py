@@ -10,6 +10,11 @@ make 4 buckets, few enough that per-collective latency stays small, and the firs
 early enough in the backward pass to overlap with it (docs/performance.md has the measurements)."""
 
 
+def bucket_tag(names: Sequence[str]) -> str:
+    """The name a bucket's collectives carry, from its tensors' names (alike on every worker)."""
+    return f"grace.{names[0]}" if len(names) == 1 else f"grace.bucket.{names[0]}"
+
+
 def form_buckets(nbytes: Sequence[int], bound: int, kinds: Sequence[Hashable] | None = None
                  ) -> list[list[int]]:
     """Positions ``0 .. len(nbytes) - 1`` in order, cut into buckets of consecutive tensors of one

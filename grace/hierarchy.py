@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from grace.bucketing import bucket_tag
 from grace.collectives import Collectives
 from grace.compressor import stable_seed
 from grace.ops import Ops, Tensor
@@ -47,7 +48,6 @@ class HostExchange:
     """A bucket between ``start`` and ``finish``: its local sums, and the owner's exchange."""
 
     tag: str
-    shapes: list
     sums: list  # the bucket's tensors summed over the host's workers
     owner: int
     inner: Any  # the owner's Exchange among the hosts, None on the host's other workers
@@ -55,12 +55,11 @@ class HostExchange:
     single: bool = False
 
 
-def _summed(tensors: list, tag: str, group: Collectives, ops: Ops) -> list:
-    """``tensors`` summed over ``group``, joined into one allreduce per dtype."""
-    if group.size == 1:
-        return list(tensors)
+def _joined(tensors: Sequence[Tensor], group: Collectives, start_one: Callable, ops: Ops) -> list:
+    """``tensors`` through one collective of ``group`` per dtype (``start_one(buffer, k)`` starts
+    the one of buffer ``k``), back in their shapes."""
     buffers, layout = pack_sums([(i, ops.flatten(t)) for i, t in enumerate(tensors)], None, ops)
-    handles = [group.allreduce_async(b, f"{tag}.host{k}") for k, b in enumerate(buffers)]
+    handles = [start_one(b, k) for k, b in enumerate(buffers)]
     parts, _ = unpack_sums([group.synchronize(h) for h in handles], layout, ops)
     return [ops.reshape(parts[i], ops.shape(t)) for i, t in enumerate(tensors)]
 
@@ -71,15 +70,16 @@ def start(tensors: Sequence[Tensor], names: Sequence[str], group: Collectives, o
     (``start_flat(tensors, names, group, ops)``: the pipeline's own); ``count(nbytes)`` counts the
     bytes this worker put into the host's sum."""
     local, cross = host_groups(group)
-    tag = f"grace.{names[0]}" if len(names) == 1 else f"grace.bucket.{names[0]}"
-    sums = _summed(list(tensors), tag, local, ops)
+    tag = bucket_tag(names)
+    sums = list(tensors)
     if local.size > 1:
+        sums = _joined(sums, local, lambda b, k: local.allreduce_async(b, f"{tag}.host{k}"), ops)
         count(sum(ops.nbytes(t) for t in tensors))
     owner = owner_of(tag, local.size)
     inner = None
     if cross.size > 1 and local.rank == owner:
         inner = start_flat(sums, list(names), cross, ops)
-    return HostExchange(tag, [ops.shape(t) for t in tensors], sums, owner, inner, ops)
+    return HostExchange(tag, sums, owner, inner, ops)
 
 
 def finish(exchanges: Sequence[HostExchange], group: Collectives, scale: float, carried: list,
@@ -126,8 +126,5 @@ def _shared(exchange: HostExchange, results: Any, local: Collectives, ops: Ops) 
     if local.size == 1:
         return list(results)
     tensors = results if results is not None else exchange.sums  # the others receive into these
-    buffers, layout = pack_sums([(i, ops.flatten(t)) for i, t in enumerate(tensors)], None, ops)
-    handles = [local.broadcast_async(b, exchange.owner, f"{exchange.tag}.shared{k}")
-               for k, b in enumerate(buffers)]
-    parts, _ = unpack_sums([local.synchronize(h) for h in handles], layout, ops)
-    return [ops.reshape(parts[i], shape) for i, shape in enumerate(exchange.shapes)]
+    return _joined(tensors, local, lambda b, k: local.broadcast_async(
+        b, exchange.owner, f"{exchange.tag}.shared{k}"), ops)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from grace import hierarchy
-from grace.bucketing import DEFAULT_BUCKET_BYTES, form_buckets
+from grace.bucketing import DEFAULT_BUCKET_BYTES, bucket_tag, form_buckets
 from grace.collectives import Collectives
 from grace.communicator import Communicator, Started
 from grace.communicators.allgather import Allgather
@@ -345,7 +345,7 @@ class Pipeline:
 
     def _start_flat(self, tensors: Sequence[Tensor], names: Sequence[str], group: Collectives,
                     ops: Ops) -> Exchange:
-        tag = f"grace.{names[0]}" if len(names) == 1 else f"grace.bucket.{names[0]}"
+        tag = bucket_tag(names)
         entries = self._entries(list(tensors), list(names), ops)
         for entry in entries:
             self._prepare(entry, group, ops)
@@ -429,7 +429,7 @@ class Pipeline:
             codec = self._sharded[group.size] = ShardCodec(self.compressor, group.size,
                                                            self._owner_memory)
             self._own(codec, codec.owner)
-        return codec, self.communicator.resolve(group.size)
+        return codec, entry.communicator
 
     def _encode(self, entry: Entry, group: Collectives, ops: Ops) -> None:
         with self.state_store.within(entry.transaction):

@@ -8,7 +8,8 @@ from typing import Any, Sequence
 from grace.communicator import Communicator, Started
 from grace.communicators.allgather import Allgather
 from grace.communicators.allreduce import Allreduce
-from grace.compressor import Compressor, Context, Payload, Sparse
+from grace.compressor import Compressor, Context, Payload, Sparse, numel_of
+from grace.memories.none import NoneMemory
 from grace.memory import Memory
 from grace.ops import Ops, Tensor, index_dtype, ops_for
 from grace.packing import pack_bytes, packed_bytes, unpack_bytes
@@ -93,8 +94,9 @@ class ShardCodec(Compressor):
         return ops.concat([self._shifted(f, j, ctx, ops) for j, f in enumerate(found)])
 
     def residual(self, compensated, payload, ctx, ops, overwrite=False):
-        if self.sent_indices(payload, ctx) is not None:
-            return super().residual(compensated, payload, ctx, ops, overwrite)
+        sent = self.sent_indices(payload, ctx)
+        if sent is not None:  # one fill of the whole tensor
+            return ops.reshape(ops.zero_at(ops.flatten(compensated), sent, overwrite), ctx.shape)
         pieces = ops.split(ops.flatten(compensated), shard_sizes(ctx.numel, self.shards))
         left = [ops.flatten(self.inner.residual(piece, p, c, ops, overwrite))
                 for piece, p, c in zip(pieces, self.shard_payloads(payload, ctx), ctx.data["shards"])]
@@ -110,7 +112,8 @@ class ShardCodec(Compressor):
         return vote
 
     def payload_nbytes(self, shape, itemsize):
-        sizes = [self.inner.payload_nbytes((m,), itemsize) for m in shard_sizes(_numel(shape), self.shards)]
+        sizes = [self.inner.payload_nbytes((m,), itemsize)
+                 for m in shard_sizes(numel_of(shape), self.shards)]
         return None if any(s is None for s in sizes) else sum(sizes)
 
     def reencode(self, received: Sequence[Payload], ctx: Context, ops: Ops) -> Payload:
@@ -122,7 +125,6 @@ class ShardCodec(Compressor):
         total = self.owner_memory.compensate(total, name, ops)
         payload, owner_ctx = self.owner.compress(total, name, ops, rank=ctx.rank)
         self.owner_memory.update(total, name, self.owner, payload, owner_ctx, ops)
-        ctx.data["owner_parts"] = len(payload)
         return payload
 
     def combine(self, payloads, ctx, ops, scale=1.0):
@@ -144,15 +146,6 @@ class ShardCodec(Compressor):
 
     def __repr__(self):
         return f"ShardCodec({self.inner!r}, shards={self.shards})"
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
 
 
 class Alltoall(Communicator):
@@ -258,8 +251,6 @@ def owners_keep_it(compressor: Compressor, memory: Memory | None) -> bool:
     (QSGD, TernGrad, natural) adds a second rounding's noise that nothing takes back, and error
     feedback on a stochastic rounding whose variance exceeds the value diverges (measured,
     tests/test_alltoall.py, docs/user-guide.md)."""
-    from grace.memories.none import NoneMemory
-
     return (memory is not None and not isinstance(memory, NoneMemory)) \
         or compressor.owner_codec() is not compressor
 
