@@ -93,3 +93,31 @@ def test_an_unshaped_run_checks_the_bytes_only(tmp_path):
     assert "step_error" not in row and row["communicator"] == "alltoall"
     sent = 2 * 3 / 4 * (2 * MB)
     assert row["predicted_link_bytes"] == pytest.approx(2 * sent + cost_model.CONTROL_BYTES_PER_S)
+
+
+def test_an_unshaped_run_gives_the_host_overhead_of_its_timed_twin(tmp_path):
+    """The exchange's cost beyond the link, read off the unshaped run of the same set-up in the
+    same file (its measured exchange less the model's link time at the unshaped rate), is added
+    to the timed run's prediction; a run of another file is not paired."""
+    codec = cost_model.Codec("topk", 2 * MB, 0.0, 0.0, "allgather")
+    common = {"status": "ok", "workload": "exchange", "framework": "torch", "workers": 2,
+              "compression": json.dumps({"compressor": "topk"}), "bytes_per_step": 2 * MB,
+              "compute_s": 0.05, "compression_s": 0.1}
+    unshaped = {**common, "rate": "unshaped", "step_s": 0.25}
+    timed = {**common, "rate": "1gbit", "step_s": 0.30}
+    path = tmp_path / "same.json"
+    path.write_text(json.dumps([unshaped, timed]))
+    rows = cost_model.validate([str(path)], {"topk": codec})
+    row = next(r for r in rows if r["rate"] == "1gbit")
+    buckets = cost_model.collectives_per_round("topk")
+    link_there = buckets * cost_model.collective("allgather", 2, 2 * MB / buckets,
+                                                 cost_model.UNSHAPED_RATE)[0]
+    host = 0.25 - 0.05 - 0.1 - link_there
+    assert row["host_overhead_ms"] == pytest.approx(1e3 * host)
+    assert row["predicted_with_host_ms"] == pytest.approx(row["predicted_step_ms"] + 1e3 * host)
+    assert row["step_error_with_host"] == pytest.approx(row["predicted_with_host_ms"] / 300 - 1)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps([timed]))
+    rows = cost_model.validate([str(path), str(other)], {"topk": codec})
+    (from_other,) = [r for r in rows if r["source"].endswith("other.json")]
+    assert "host_overhead_ms" not in from_other
