@@ -21,9 +21,13 @@ class Sketch(Seeded, Compressor):
     quantiles are exact up to ``SAMPLE`` elements and, above, those of a uniform random sample of
     ``SAMPLE`` elements (a sketch's estimate, as in SketchML). Jiang et al.,
     "SketchML: Accelerating Distributed Machine Learning with Data Sketches", SIGMOD 2018 (values of
-    dense tensors; its MinMaxSketch for sparse keys is not needed here)."""
+    dense tensors; its MinMaxSketch for sparse keys is not needed here). A bucket's mean is a
+    biased estimate of its elements, so what it rounds away is kept as error feedback (the
+    ``residual`` memory, the default): without it the word model's perplexity rose after its
+    first epochs to 313.8 against fp32's 162.7, with it 159.8 (docs/quality.md)."""
 
     name = "sketch"
+    default_memory = "residual"
     default_communicator = "allgather"
 
     def __init__(self, buckets: int = 256, seed: int = 0):
