@@ -12,7 +12,7 @@ from grace.collectives import Collectives
 from grace.communicator import Communicator, Started
 from grace.communicators.allgather import Allgather
 from grace.communicators.allreduce import Allreduce
-from grace.communicators.alltoall import ShardCodec
+from grace.communicators.alltoall import ShardCodec, keeps_residual
 from grace.compressor import Compressor, Context, numel_of
 from grace.compressors.none import NoneCompressor
 from grace.memories.momentum import MomentumMemory
@@ -173,8 +173,8 @@ class Pipeline:
         self._row_velocity = RowVelocity()  # their momentum, when taken over
         self._row_communicator = Allgather()
         # Error feedback at a shard's owner (communicator="alltoall"), where the workers keep some.
-        self._owner_memory = (ResidualMemory() if communicator.shards
-                              and not isinstance(memory, NoneMemory) else NoneMemory())
+        self._owner_memory = (ResidualMemory() if communicator.shards and keeps_residual(memory)
+                              else NoneMemory())
         self._sharded: dict[int, ShardCodec] = {}
         self.state_store = StateStore()
         """This pipeline's state and its step's transaction (``grace.state``), which every part

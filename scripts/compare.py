@@ -269,6 +269,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--steps", type=int, default=60, help="steps per epoch (mnist, lstm)")
     parser.add_argument("--exchange-steps", type=int, default=4, help="steps per epoch (exchange)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the workers' seed (initial weights, data order, synthetic data)")
     parser.add_argument("--out", default=os.path.join(ROOT, "out", "compare"))
     parser.add_argument("--from-json", nargs="+", metavar="FILE",
                         help="no runs: rebuild the tables and plots from earlier results.json files "
@@ -314,8 +316,9 @@ def main(argv=None) -> list[dict]:
     with tqdm(matrix, desc="runs", unit="run") as bar:
         for workload, fw, comp, rate, n in bar:
             bar.set_postfix_str(f"{workload} {fw} {label(comp)} {rate} {n}w")
-            row = run_one(fw, workload, comp, rate if emulate else None, n, args, emulate)
-            row["rate"] = rate
+            extra = ("--seed", str(args.seed)) if args.seed else ()
+            row = run_one(fw, workload, comp, rate if emulate else None, n, args, emulate, extra)
+            row.update(rate=rate, seed=args.seed)
             results.append(row)
             flat = flatten(row)
             bar.write(f"{workload:8s} {fw:5s} {flat['compression']:28s} {rate:10s} {n}w  "

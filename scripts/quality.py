@@ -76,16 +76,18 @@ def run_matrix(args) -> list[dict]:
     compressions = [compare.parse_compression(c) for c in names]
     cases = [CASES[c] for c in compare.split(args.cases)]
     frameworks = compare.split(args.frameworks)
-    matrix = [(w, o, fw, c) for (w, o) in cases for fw in frameworks for c in compressions]
+    seeds = [int(s) for s in compare.split(args.seeds)]
+    matrix = [(w, o, fw, c, seed) for seed in seeds for (w, o) in cases for fw in frameworks
+              for c in compressions]
     results = []
     with tqdm(matrix, desc="quality runs", unit="run") as bar:
-        for workload, optimizer, fw, comp in bar:
+        for workload, optimizer, fw, comp, seed in bar:
             name = compressor_of(comp)
-            bar.set_postfix_str(f"{workload}-{optimizer} {fw} {compare.label(comp)}")
+            bar.set_postfix_str(f"{workload}-{optimizer} {fw} {compare.label(comp)} seed {seed}")
             epochs, steps = BUDGET[workload]
             run_args = argparse.Namespace(epochs=epochs, steps=steps, exchange_steps=steps,
                                           timeout=args.timeout)
-            extra = ["--optimizer", optimizer]
+            extra = ["--optimizer", optimizer, "--seed", str(seed)]
             lr = learning_rate(name, workload, optimizer)
             if lr is not None:
                 extra += ["--lr", repr(lr)]
@@ -94,11 +96,11 @@ def run_matrix(args) -> list[dict]:
                 # down by the root of their count (docs/quality.md); their steps are ±lr anyway.
                 extra += ["--clip", "0"]
             row = compare.run_one(fw, workload, comp, None, 2, run_args, emulate=False, extra=tuple(extra))
-            row.update(rate="unshaped (localhost)", optimizer=optimizer, lr=lr)
+            row.update(rate="unshaped (localhost)", optimizer=optimizer, lr=lr, seed=seed)
             results.append(row)
             final = row["epochs"][-1] if row["status"] == "ok" else None
             metric = compare.METRIC[workload][0]
-            bar.write(f"{workload}-{optimizer:4s} {fw:5s} {compare.label(comp):10s} "
+            bar.write(f"{workload}-{optimizer:4s} {fw:5s} {compare.label(comp):10s} seed {seed} "
                       + (f"{metric} {final[metric]:.4f}" if final else row["status"]))
             with open(os.path.join(args.out, "quality.json"), "w") as f:
                 json.dump(results, f, indent=1)  # kept as it goes: a long matrix survives a stop
@@ -121,16 +123,16 @@ def _time_to(row: dict, target: float) -> float | None:
 
 
 def summarize(results: list[dict]) -> list[dict]:
-    """One row per run with its gap to fp32 (same framework, workload, optimizer)."""
-    baseline = {(r["workload"], r.get("optimizer", "sgd"), r["framework"]): _final(r)
+    """One row per run with its gap to fp32 (same framework, workload, optimizer and seed)."""
+    baseline = {(r["workload"], r.get("optimizer", "sgd"), r["framework"], r.get("seed", 0)): _final(r)
                 for r in results if r["compression"] == "fp32"}
     rows = []
     for r in results:
-        case = (r["workload"], r.get("optimizer", "sgd"), r["framework"])
+        case = (r["workload"], r.get("optimizer", "sgd"), r["framework"], r.get("seed", 0))
         name = compressor_of(r["compression"])
         final, ref = _final(r), baseline.get(case)
         row = {"workload": r["workload"], "optimizer": case[1], "framework": r["framework"],
-               "compressor": compare.label(r["compression"]), "lr": r.get("lr"),
+               "compressor": compare.label(r["compression"]), "lr": r.get("lr"), "seed": case[3],
                "status": r.get("status"), "final": final}
         if final is not None and ref is not None:
             if r["workload"] == "mnist":
@@ -148,7 +150,35 @@ def summarize(results: list[dict]) -> list[dict]:
     return rows
 
 
+def seeds_markdown(rows: list[dict]) -> str:
+    """Where a set-up ran with several seeds (initial weights and data order; each gap is to fp32
+    of the same seed): the gap per seed, their mean and their spread, against the target."""
+    by_setup: dict = {}
+    for r in rows:
+        if r.get("gap") is not None and r["compressor"] != "fp32":
+            key = (r["workload"], r["optimizer"], r["framework"], r["compressor"])
+            by_setup.setdefault(key, {})[r.get("seed", 0)] = r
+    lines = []
+    for (workload, optimizer, fw, name), runs in by_setup.items():
+        if len(runs) < 2:
+            continue
+        gaps = [runs[s]["gap"] for s in sorted(runs)]
+        mean = sum(gaps) / len(gaps)
+        target = next(iter(runs.values())).get("target")
+        verdict = "–" if target is None else f"≤ {target:g} {'✓' if mean <= target else '✗'}"
+        per_seed = ", ".join(f"{s}: {runs[s]['gap']:+.2f}" for s in sorted(runs))
+        lines.append(f"| {workload}, {optimizer} | {fw} | {name} | {per_seed} | {mean:+.2f} | "
+                     f"{max(gaps) - min(gaps):.2f} | {verdict} |")
+    if not lines:
+        return ""
+    return "\n".join(["\n### Across seeds: gap to fp32 of the same seed (points; % perplexity)",
+                      "| case | framework | compressor | gap per seed | mean | spread | target (mean) |",
+                      "|---|---|---|---|---:|---:|---|"] + lines)
+
+
 def markdown(rows: list[dict]) -> str:
+    seeds = seeds_markdown(rows)
+    rows = [r for r in rows if r.get("seed", 0) == 0]  # the main tables and plots: seed 0
     lines = []
     for case in dict.fromkeys((r["workload"], r["optimizer"]) for r in rows):
         workload, optimizer = case
@@ -181,7 +211,7 @@ def markdown(rows: list[dict]) -> str:
                 cell(f, "gap", "{:+.2f}"), verdict, cell(t, "bytes_per_step", "{:,}"),
                 f"{cell(t, 'step_ms')}, {cell(f, 'step_ms')}", cell(t, "time_to_fp32_s", "{:.0f}"),
                 cell(f, "time_to_fp32_s", "{:.0f}")]) + " |")
-    return "\n".join(lines).lstrip("\n")
+    return ("\n".join(lines) + seeds).lstrip("\n")
 
 
 # --- plot ---------------------------------------------------------------------------------------
@@ -201,6 +231,7 @@ def plot(rows: list[dict], path: str) -> str | None:
     import matplotlib.pyplot as plt
 
     made = None
+    rows = [r for r in rows if r.get("seed", 0) == 0]
     for workload in dict.fromkeys(r["workload"] for r in rows):
         ok = [r for r in rows if r["workload"] == workload and r.get("curve")]
         names = list(dict.fromkeys(r["compressor"] for r in ok))
@@ -263,6 +294,10 @@ def main(argv=None):
     parser.add_argument("--compressors", default=None,
                         help="comma-separated (default: fp32 and every compressor of the catalogue)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument("--seeds", default="0",
+                        help="comma-separated seeds (initial weights and data order), each set-up "
+                             "run once per seed; the tables and plots show seed 0, and a table of "
+                             "the gaps across seeds is added")
     parser.add_argument("--out", default=os.path.join(compare.ROOT, "out", "quality"))
     parser.add_argument("--from-json", nargs="+", metavar="FILE",
                         help="no runs: tables and plot from earlier quality.json files (a later run "
@@ -274,7 +309,8 @@ def main(argv=None):
         for path in args.from_json:
             with open(path) as f:
                 for r in json.load(f):
-                    merged[(r["workload"], r.get("optimizer", "sgd"), r["framework"], r["compression"])] = r
+                    merged[(r["workload"], r.get("optimizer", "sgd"), r["framework"], r["compression"],
+                            r.get("seed", 0))] = r
         return write(list(merged.values()), args.out)
     import grace
 

@@ -244,6 +244,11 @@ the two stages move at most 2/5 of gathering's bytes. Up to 4, where they would 
 gathering keeps its one collective and its one encoding (no second rounding at an owner)."""
 
 
+def keeps_residual(memory: Memory | None) -> bool:
+    """Whether the workers keep error feedback, and so the owners keep a residual of their own."""
+    return memory is not None and not isinstance(memory, NoneMemory)
+
+
 def owners_keep_it(compressor: Compressor, memory: Memory | None) -> bool:
     """Whether the owner's second encoding loses nothing for good: error feedback keeps what it
     rounds away (the pipeline has a memory, so the owner keeps a residual too), or the owner's
@@ -251,8 +256,7 @@ def owners_keep_it(compressor: Compressor, memory: Memory | None) -> bool:
     (QSGD, TernGrad, natural) adds a second rounding's noise that nothing takes back, and error
     feedback on a stochastic rounding whose variance exceeds the value diverges (measured,
     tests/test_alltoall.py, docs/user-guide.md)."""
-    return (memory is not None and not isinstance(memory, NoneMemory)) \
-        or compressor.owner_codec() is not compressor
+    return keeps_residual(memory) or compressor.owner_codec() is not compressor
 
 
 class Auto(Communicator):
