@@ -44,6 +44,11 @@ def parse_args(argv=None):
                         help="learning rate (default: the workload's for sgd, 1e-3 for adam)")
     parser.add_argument("--clip", type=float, default=None,
                         help="the LSTM's gradient clipping norm (default: the workload's; 0: none)")
+    parser.add_argument("--init", choices=("default", "glorot"), default="default",
+                        help="mnist, PyTorch: glorot initializes the layers as Keras's Dense does "
+                             "(Glorot-uniform weights, zero biases) instead of torch.nn.Linear's own")
+    parser.add_argument("--adam-epsilon", type=float, default=None,
+                        help="Adam's epsilon (default: the framework's, 1e-8 PyTorch, 1e-7 Keras)")
     parser.add_argument("--wire", action="store_true", help="read eth0's byte counters (emulated host)")
     parser.add_argument("--sparse-as-dense", action="store_true",
                         help="PyTorch: the words model's embedding gradient travels dense")
@@ -134,6 +139,11 @@ def run_torch(args, spec):
             layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
             width = h
         model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+        if args.init == "glorot":
+            for layer in model:
+                if isinstance(layer, torch.nn.Linear):
+                    torch.nn.init.xavier_uniform_(layer.weight)
+                    torch.nn.init.zeros_(layer.bias)
         base = torch_optimizer(args, model.parameters(), learning_rate(args, cfg), cfg["momentum"])
 
         def batch():
@@ -292,7 +302,8 @@ def torch_optimizer(args, params, lr: float, momentum: float):
     import torch
 
     if args.optimizer == "adam":
-        return torch.optim.Adam(params, lr=lr)
+        eps = {} if args.adam_epsilon is None else {"eps": args.adam_epsilon}
+        return torch.optim.Adam(params, lr=lr, **eps)
     return torch.optim.SGD(params, lr=lr, momentum=momentum)
 
 
@@ -305,7 +316,8 @@ def keras_optimizer(args, lr: float, momentum: float, clip: float | None = None)
     import keras
 
     if args.optimizer == "adam":
-        return keras.optimizers.Adam(lr, global_clipnorm=clip)
+        eps = {} if args.adam_epsilon is None else {"epsilon": args.adam_epsilon}
+        return keras.optimizers.Adam(lr, global_clipnorm=clip, **eps)
     return keras.optimizers.SGD(lr, momentum=momentum, global_clipnorm=clip)
 
 
