@@ -170,6 +170,12 @@ class Compressor(ABC):
         sent = self.sent_indices(payload, ctx)
         if sent is not None:
             return ops.reshape(ops.zero_at(ops.flatten(compensated), sent, overwrite), ctx.shape)
+        return self.decoded_residual(compensated, payload, ctx, ops, overwrite)
+
+    def decoded_residual(self, compensated: Tensor, payload: Payload, ctx: Context, ops: Ops,
+                         overwrite: bool = False) -> Tensor:
+        """``residual`` of a payload that does not send entries as they are:
+        ``compensated - decompress(payload)``."""
         return ops.sub(compensated, self.decompress(payload, ctx, ops))
 
     def sent_indices(self, payload: Payload, ctx: Context) -> Tensor | None:

@@ -36,6 +36,7 @@ per worker and leave that term out.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -116,6 +117,7 @@ def step(codec: Codec, kind: str, n: int, rate: float, compute_s: float, collect
             "sent_bytes": sent, "link_bytes": 2 * sent}
 
 
+@functools.cache  # asked per measured run, and again for each unshaped one
 def collectives_per_round(name: str) -> int:
     """How many collectives a round of the exchange workload takes: grace's buckets of
     ResNet-50's gradients (``bucket_bytes``' default), dense and compressed alike."""

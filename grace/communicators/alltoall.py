@@ -93,10 +93,9 @@ class ShardCodec(Compressor):
         ops = ops_for(found[0])
         return ops.concat([self._shifted(f, j, ctx, ops) for j, f in enumerate(found)])
 
-    def residual(self, compensated, payload, ctx, ops, overwrite=False):
-        sent = self.sent_indices(payload, ctx)
-        if sent is not None:  # one fill of the whole tensor
-            return ops.reshape(ops.zero_at(ops.flatten(compensated), sent, overwrite), ctx.shape)
+    def decoded_residual(self, compensated, payload, ctx, ops, overwrite=False):
+        # Shards whose entries were sent as they are take the base's one fill of the whole
+        # tensor (sent_indices); the others are each left to the inner codec.
         pieces = ops.split(ops.flatten(compensated), shard_sizes(ctx.numel, self.shards))
         left = [ops.flatten(self.inner.residual(piece, p, c, ops, overwrite))
                 for piece, p, c in zip(pieces, self.shard_payloads(payload, ctx), ctx.data["shards"])]
