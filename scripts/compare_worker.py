@@ -47,6 +47,10 @@ def parse_args(argv=None):
     parser.add_argument("--init", choices=("default", "glorot"), default="default",
                         help="mnist, PyTorch: glorot initializes the layers as Keras's Dense does "
                              "(Glorot-uniform weights, zero biases) instead of torch.nn.Linear's own")
+    parser.add_argument("--layout", choices=("torch", "keras"), default="torch",
+                        help="mnist, PyTorch: keras stores each layer's weight as Keras's Dense "
+                             "kernel does, (inputs, outputs), so that its gradient is laid out "
+                             "as TensorFlow's and a compressor's blocks of it hold the same entries")
     parser.add_argument("--adam-epsilon", type=float, default=None,
                         help="Adam's epsilon (default: the framework's, 1e-8 PyTorch, 1e-7 Keras)")
     parser.add_argument("--wire", action="store_true", help="read eth0's byte counters (emulated host)")
@@ -119,6 +123,24 @@ class Meter:
 
 
 # --- PyTorch ------------------------------------------------------------------------------------
+def _keras_dense():
+    import torch
+
+    class KerasDense(torch.nn.Module):
+        """``torch.nn.Linear`` with its weight stored as Keras's Dense kernel, (inputs, outputs)."""
+
+        def __init__(self, inputs: int, outputs: int):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.empty(inputs, outputs))
+            self.bias = torch.nn.Parameter(torch.zeros(outputs))
+            torch.nn.init.xavier_uniform_(self.weight)
+
+        def forward(self, x):
+            return x @ self.weight + self.bias
+
+    return KerasDense
+
+
 def run_torch(args, spec):
     import horovod.torch as hvd
     import torch
@@ -134,15 +156,16 @@ def run_torch(args, spec):
     if args.workload == "mnist":
         cfg = workloads.MNIST
         train_x, train_y, test_x, test_y = workloads.fashion_mnist()
+        dense = _keras_dense() if args.layout == "keras" else torch.nn.Linear
         layers, width = [], 784
         for h in cfg["hidden"]:
-            layers += [torch.nn.Linear(width, h), torch.nn.ReLU()]
+            layers += [dense(width, h), torch.nn.ReLU()]
             width = h
-        model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+        model = torch.nn.Sequential(*layers, dense(width, 10))
         if args.init == "glorot":
             for layer in model:
-                if isinstance(layer, torch.nn.Linear):
-                    torch.nn.init.xavier_uniform_(layer.weight)
+                if isinstance(layer, (torch.nn.Linear, dense)):
+                    torch.nn.init.xavier_uniform_(layer.weight)  # symmetric in fan-in and fan-out
                     torch.nn.init.zeros_(layer.bias)
         base = torch_optimizer(args, model.parameters(), learning_rate(args, cfg), cfg["momentum"])
 
