@@ -106,6 +106,12 @@ class Compressor(ABC):
       gradients travel as rows as they are.
     - ``elementwise``: it encodes each element on its own (a cast), so it works on tensors whose
       size is only known when a traced graph runs.
+    - ``layout_sensitive``: what it makes of a tensor depends on which elements lie next to each
+      other (blocks of consecutive elements with a scale each, a matrix view). A framework whose
+      layers store their weights in another order than PyTorch's hands it those weights'
+      gradients in PyTorch's order (TensorFlow: Keras's kernels output-major,
+      ``frameworks/tensorflow/layout.py``), so that it compresses the same groups of elements
+      in both.
     """
 
     name: ClassVar[str] = "abstract"
@@ -118,6 +124,7 @@ class Compressor(ABC):
     rounds: ClassVar[int] = 1
     encodes_rows: ClassVar[bool] = True
     elementwise: ClassVar[bool] = False
+    layout_sensitive: ClassVar[bool] = False
     state_store: StateStore = DEFAULT
     """Where state kept across steps is read and written (``grace.state``): the pipeline's own."""
 

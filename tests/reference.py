@@ -72,6 +72,27 @@ def topk_with_residual(ratio):
     return with_residual(largest(ratio))
 
 
+def onebit_with_residual(bucket=512):
+    """1-bit SGD with error feedback, in buckets of ``bucket`` consecutive elements of the
+    flattened (gradient + residual): each element becomes its bucket's mean of the non-negative
+    elements or of the negative ones, as its sign says; the rest is the new residual."""
+    residuals = {}
+
+    def compress(name, rank, step, g):
+        c = g + residuals.get((name, rank), 0.0)
+        flat = c.reshape(-1)
+        sent = np.empty_like(flat)
+        for start in range(0, flat.size, bucket):
+            part = flat[start:start + bucket]
+            up = part >= 0
+            sent[start:start + bucket] = np.where(up, part[up].mean() if up.any() else 0.0,
+                                                  part[~up].mean() if (~up).any() else 0.0)
+        sent = sent.reshape(c.shape)
+        residuals[(name, rank)] = c - sent
+        return sent
+    return compress
+
+
 def randomk_with_residual(ratio, seed):
     """Random-k with indices from the seed every worker derives from (seed, name, step)."""
     from grace.compressors.randomk import RandomK

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import reference
-from test_horovod_torch import TOL, assert_steps_alike, check
+from test_horovod_torch import TOL, assert_steps_alike, check, load
 
 import grace
 
@@ -79,6 +79,17 @@ def test_keras_through_shard_owners_matches_the_two_stage_model(tf_run):
     model = reference.two_stage_topk(0.05, 2)
     check(tf_run, "keras_topk_alltoall", reference.simulate(
         exchange=lambda name, step, grads: model(name, step, [g.T for g in grads]).T))
+
+
+def test_keras_kernels_reach_a_layout_sensitive_compressor_in_pytorchs_order(tf_run):
+    """Keras's Dense kernel is W transposed; 1-bit's buckets of 512 must still cut W as PyTorch
+    lays it out (frameworks/tensorflow/layout.py), so the run matches the numpy model on W. On
+    the kernel as it lies, the buckets would hold other elements: that model ends elsewhere."""
+    check(tf_run, "keras_onebit", reference.simulate(reference.onebit_with_residual()))
+    as_it_lies = reference.onebit_with_residual()
+    other_w, _ = reference.simulate(lambda name, rank, step, g: as_it_lies(name, rank, step, g.T).T)
+    weights, _ = load(tf_run, "keras_onebit", 1)
+    assert np.abs(weights[0]["w"] - other_w).max() > 100 * TOL
 
 
 def test_legacy_distributed_optimizer(tf_run):

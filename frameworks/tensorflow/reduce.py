@@ -8,6 +8,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from frameworks.process_set import gather_objects
+from frameworks.tensorflow import layout
 from frameworks.tensorflow.collectives import HorovodCollectives
 from frameworks.tensorflow.ops import TensorFlowOps
 from grace import agreement
@@ -69,11 +70,16 @@ def make_reduce_grads(pipeline: Pipeline, op=hvd.Average, gradient_predivide_fac
                      sparse_as_dense=sparse_as_dense)
     if pipeline.hierarchical:  # the hosts' process sets, made now (eagerly) on every worker
         collectives.hosts()
+    reorders = pipeline.compressor.layout_sensitive
 
     def reduce_grads(grads: Sequence, variables: Sequence | None = None, use_generic_names=False):
         grads = list(grads)
         variables = list(variables) if variables is not None else [None] * len(grads)
         names = [variable_name(v, i) for i, v in enumerate(variables)]
+        # Keras's kernels in PyTorch's order for a compressor whose blocks depend on it (layout.py).
+        turned = {i for i, (g, n) in enumerate(zip(grads, names))
+                  if reorders and isinstance(g, tf.Tensor) and g.shape.rank is not None
+                  and layout.is_output_last(n, g.shape.rank)}
         if len(set(names)) != len(names):
             names = [f"{n}.{i}" for i, n in enumerate(names)]
         present, sparse = [], []
@@ -87,7 +93,8 @@ def make_reduce_grads(pipeline: Pipeline, op=hvd.Average, gradient_predivide_fac
             if isinstance(grad, tf.IndexedSlices):  # travels as rows (grace.sparse)
                 sparse.append((position, _rows(grad, variables[position]), name))
             else:
-                present.append((position, grad, name))
+                present.append((position, layout.output_major(grad) if position in turned else grad,
+                                name))
         # Buckets in reverse variable order, as backward makes the gradients (as in PyTorch).
         present.reverse()
         buckets = pipeline.buckets([(_OPS.shape(g), _OPS.dtype(g)) for _, g, _ in present], _OPS)
@@ -104,7 +111,8 @@ def make_reduce_grads(pipeline: Pipeline, op=hvd.Average, gradient_predivide_fac
                                                   tf.constant(rows.dense_shape, tf.int64))
         for bucket, results in zip(buckets, finished[len(sparse):]):
             for i, result in zip(bucket, results):
-                combined[present[i][0]] = result
+                position = present[i][0]
+                combined[position] = layout.output_last(result) if position in turned else result
         return combined
 
     return reduce_grads

@@ -15,6 +15,7 @@ class PowerSGD(Compressor):
     Practical Low-Rank Gradient Compression for Distributed Optimization", NeurIPS 2019."""
 
     name = "powersgd"
+    layout_sensitive = True  # the matrix view of a tensor
     summable = True
     default_memory = "powersgd"
     default_communicator = "allreduce"

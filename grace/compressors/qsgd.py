@@ -25,6 +25,7 @@ class QSGD(Seeded, Tabled, Compressor):
     512 in its experiments)."""
 
     name = "qsgd"
+    layout_sensitive = True  # blocks of consecutive elements
     default_communicator = "allgather"
 
     def __init__(self, levels: int = 7, bucket_size: int = DEFAULT_BUCKET_SIZE, seed: int = 0):

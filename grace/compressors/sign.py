@@ -173,6 +173,7 @@ class EFSignSGD(Tabled, Compressor):
     Blockwise Momentum SGD with Error-Feedback", NeurIPS 2019 (blockwise scales)."""
 
     name = "efsignsgd"
+    layout_sensitive = True  # blocks of consecutive elements
     default_memory = "efsignsgd"
     default_communicator = "allgather"
 
@@ -212,6 +213,7 @@ class OneBit(Tabled, Compressor):
     Data-Parallel Distributed Training of Speech DNNs", Interspeech 2014."""
 
     name = "onebit"
+    layout_sensitive = True  # blocks of consecutive elements
     default_memory = "momentum"
     default_communicator = "allgather"
 
