@@ -38,6 +38,11 @@ pass, 3 k; then the full ranking."""
 SAMPLE_SIZE = 65536
 """About how many elements the strided sample holds."""
 
+THIN_COLUMNS = 8
+"""Adapters' ``matmul`` reorders a CPU product with a thin operand of at most this many columns
+(PowerSGD's rank): BLAS is 2-10 times slower on a row-major thin operand than one pass over the
+large matrix; from 16 columns on it serves one as well (measured on 512 × 4608, one thread)."""
+
 
 def sampled_topk_indices(ops: "Ops", x: Tensor, k: int, n: int) -> Tensor:
     """The exact top-k of the 1-d ``x`` (``n`` elements) by magnitude, ascending: a threshold

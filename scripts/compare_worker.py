@@ -12,6 +12,9 @@ The step time is split by measurement, not by instrumenting the collectives: ``c
 median time of the same step without Horovod (measured first, locally), ``compression`` the median
 time of compressing and decompressing one step's gradients with the same pipeline (no network), and
 ``communication`` what remains of the distributed step.
+
+Every run, Horovod's own included, keeps freed memory in the process as grace's wrappers do
+(``grace.heap.keep_freed_memory``), so that fp32 is timed with the same heap as the compressors.
 """
 
 from __future__ import annotations
@@ -575,6 +578,9 @@ def main(argv=None):
     spec = args.compression
     if spec not in ("fp32", "hvd-fp16"):
         spec = json.loads(spec)
+    from grace import heap
+
+    heap.keep_freed_memory()  # the baselines too: one heap for every run compared
     (run_torch if args.framework == "torch" else run_tf)(args, spec)
 
 

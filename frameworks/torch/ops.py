@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from grace import kernels, native
-from grace.ops import HostAccess, Ops, index_dtype, unpack_table
+from grace.ops import THIN_COLUMNS, HostAccess, Ops, index_dtype, unpack_table
 from grace.rng import UNIFORM_SCALE, counter_uniform_bits
 
 
@@ -340,6 +340,15 @@ class TorchOps(Ops):
         return super().random_uniform(n, seed_of, step, like)
 
     def matmul(self, a, b, transpose_a=False, transpose_b=False, subtract_from=None):
+        if (subtract_from is None and not transpose_b and a.dim() == b.dim() == 2
+                and b.shape[1] <= THIN_COLUMNS and a.device.type == "cpu"):
+            # A large matrix times a thin one (PowerSGD's M Q and Mᵀ P): CPU BLAS multiplies a
+            # row-major thin operand 5-10 times slower than one pass over the matrix takes, so Mᵀ P
+            # is computed as (Pᵀ M)ᵀ, reading M as it lies, and M Q with Q column-major
+            # (docs/performance.md, "PowerSGD's products").
+            if transpose_a:
+                return (b.T @ a).T
+            return a @ b.T.contiguous().T
         a, b = a.T if transpose_a else a, b.T if transpose_b else b
         return torch.matmul(a, b) if subtract_from is None else torch.addmm(subtract_from, a, b, alpha=-1)
 

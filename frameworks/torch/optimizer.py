@@ -21,7 +21,7 @@ from frameworks import internals
 from frameworks.process_set import gather_objects
 from frameworks.torch.collectives import HorovodCollectives
 from frameworks.torch.ops import TorchOps
-from grace import agreement
+from grace import agreement, heap
 from grace.momentum import OptimizerMomentum
 from grace.pipeline import Pipeline
 from grace.sparse import Rows
@@ -38,6 +38,7 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
                  process_set=hvd.global_process_set):
         super(self.__class__, self).__init__(params)
         self._pipeline = compression
+        heap.keep_freed_memory()  # each step's buffers reuse the last step's pages (grace/heap.py)
         self._collectives = HorovodCollectives(process_set)
         self._parameter_names = _parameter_names(self.param_groups, named_parameters)
         self.backward_passes_per_step = backward_passes_per_step
