@@ -65,4 +65,7 @@ def draw_indices(n: int, k: int, seed: int):
 
     from grace.ops import index_dtype  # grace.ops draws through this module
 
-    return np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False)).astype(index_dtype(n))
+    # shuffle=False: the draw's order is sorted away, and numpy shuffles only after choosing the
+    # set (Floyd's algorithm) or by choosing it (a partial shuffle), so the indices are the same.
+    chosen = np.random.default_rng(seed).choice(n, size=k, replace=False, shuffle=False)
+    return np.sort(chosen).astype(index_dtype(n))

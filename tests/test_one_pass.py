@@ -143,3 +143,13 @@ def test_the_protocols_own_zero_at_is_the_adapters():
         np.testing.assert_array_equal(composite, expected)
         np.testing.assert_array_equal(ops.to_numpy(ops.zero_at(tensor, idx)), expected)
         np.testing.assert_array_equal(ops.to_numpy(tensor), x)
+
+
+@pytest.mark.parametrize("n, k", [(5_000, 50), (100, 100), (1_000_000, 10_000), (2_359_296, 23_592)])
+def test_random_k_draws_numpys_choice_of_the_set_in_ascending_order(n, k):
+    # The draw skips numpy's shuffle of the chosen set (it is sorted away): the indices must stay
+    # those of the plain choice, on both of numpy's paths (a partial shuffle for small populations,
+    # Floyd's algorithm for large ones), so that a run's random-k steps do not change.
+    for seed in (0, 5, 2**40 + 3):
+        expected = np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
+        np.testing.assert_array_equal(draw_indices(n, k, seed), expected)
