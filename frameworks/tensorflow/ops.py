@@ -346,8 +346,8 @@ class TensorFlowOps(Ops):
             # Mᵀ P with a thin P (PowerSGD's second product) as (Pᵀ M)ᵀ, reading M as it lies: 2-2.5
             # times faster on the CPU (docs/performance.md, "PowerSGD's products").
             product = tf.transpose(tf.matmul(b, a, transpose_a=True))
-            return product if subtract_from is None else subtract_from - product
-        product = tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+        else:
+            product = tf.matmul(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
         return product if subtract_from is None else subtract_from - product
 
     def orthogonalize(self, x):
