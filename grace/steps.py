@@ -10,7 +10,19 @@ from __future__ import annotations
 
 from grace.buckets import Buckets
 from grace.kernels import accelerated
-from grace.ops import Ops, Tensor
+from grace.ops import SAMPLED_TOPK_MIN, Ops, Tensor, sampled_topk_indices
+
+
+@accelerated("topk_indices")
+def topk_indices(ops: Ops, x: Tensor, *, k: int) -> Tensor:
+    """``Ops.topk_indices``: from ``SAMPLED_TOPK_MIN`` elements (k at most an eighth of them) the
+    exact top-k among the candidates above a threshold estimated on a strided sample
+    (``sampled_topk_indices``), else by ranking every element (``Ops.full_topk_indices``). The
+    kernel does the same in one call, with a sample of its own."""
+    n = ops.static_numel(x)
+    if n is None or n < SAMPLED_TOPK_MIN or k * 8 > n:
+        return ops.full_topk_indices(x, k)
+    return sampled_topk_indices(ops, x, k, n)
 
 
 @accelerated("quantize_levels")

@@ -4,12 +4,15 @@ thresholds where the fast paths take over."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
 
 import grace
 from frameworks.torch import ops as torch_ops
+from grace import native, steps
 from grace import ops as grace_ops
 from grace.backends.numpy_ops import NumpyOps
 
@@ -28,12 +31,23 @@ def tf_ops():
     return TensorFlowOps()
 
 
+def routes():
+    """grace/native's top-k kernel where it is built, and the composite code (``native.disabled``)."""
+    return ["kernel", "composite"] if native.available() else ["composite"]
+
+
+@pytest.mark.parametrize("route", routes())
 @pytest.mark.parametrize("kind", ["gaussian", "ties", "spike", "sparse"])
 @pytest.mark.parametrize("ratio", [0.001, 0.01, 0.1])
-def test_sampled_top_k_is_the_exact_top_k(kind, ratio):
+def test_sampled_top_k_is_the_exact_top_k(kind, ratio, route):
     """The selected magnitudes are exactly torch.topk's, the indices distinct, on data where a
     sample misleads: many ties at the threshold, a block of large values the strided sample misses,
-    and mostly zeros."""
+    and mostly zeros; by the kernel and by the composite code."""
+    with contextlib.nullcontext() if route == "kernel" else native.disabled():
+        check_exact_top_k(kind, ratio)
+
+
+def check_exact_top_k(kind, ratio):
     g = torch.Generator().manual_seed(7)
     x = torch.randn(N, generator=g)
     if kind == "ties":
@@ -79,14 +93,51 @@ def test_a_threshold_that_keeps_too_few_tries_the_next_margin(monkeypatch):
         return original(self, values, threshold)
 
     monkeypatch.setattr(NumpyOps, "indices_at_least", counting)
-    chosen = NUMPY.topk_indices(x, k)
+    chosen = steps.topk_indices.composite(NUMPY, x, k=k)
     assert tried == [10.0, 10.0]  # both margins rank inside the sample's 10s
     assert len(np.unique(chosen)) == k and (x[chosen] == 10.0).sum() == n // stride
     import tensorflow as tf
 
-    for ops, cast in ((TORCH, torch.from_numpy), (tf_ops(), tf.constant)):
-        got = np.asarray(ops.topk_indices(cast(x), k))
-        assert len(np.unique(got)) == k and (x[got] == 10.0).sum() == n // stride
+    with native.disabled():
+        for ops, cast in ((TORCH, torch.from_numpy), (tf_ops(), tf.constant)):
+            got = np.asarray(ops.topk_indices(cast(x), k))
+            assert len(np.unique(got)) == k and (x[got] == 10.0).sum() == n // stride
+
+
+def lowest_index_top_k(x: np.ndarray, k: int) -> np.ndarray:
+    """The reference: by magnitude, ties to the lower index, ascending."""
+    order = np.lexsort((np.arange(x.size), -np.abs(x)))
+    return np.sort(order[:k])
+
+
+@pytest.mark.skipif(not native.available(), reason=f"no C compiler: {native.reason()}")
+@pytest.mark.parametrize("n", [native.MIN_NUMEL + 5, 1 << 15, N])
+def test_the_kernel_breaks_ties_to_the_lower_index(n):
+    """Where magnitudes tie at the k-th, grace/native's top-k takes the lowest indices (as
+    TensorFlow's top_k does), so its payload is one answer whatever the data: a few hundred
+    distinct magnitudes, and all zeros."""
+    rng = np.random.default_rng(n)
+    x = np.round(rng.standard_normal(n) * 4).astype(np.float32) / 4
+    for k in (16, n // 100, n // 10, n // 3):
+        np.testing.assert_array_equal(native.topk_indices(x, k), lowest_index_top_k(x, k))
+    np.testing.assert_array_equal(native.topk_indices(np.zeros(n, np.float32), n // 100),
+                                  np.arange(n // 100))
+
+
+@pytest.mark.skipif(not native.available(), reason=f"no C compiler: {native.reason()}")
+def test_the_kernel_finds_the_top_k_when_its_sample_misleads():
+    """The kernel's own strided sample (every ``n >> 14``-th element) all 10s: both margins keep
+    too few candidates, and ranking every element still gives the exact top-k. NaN counts as the
+    largest magnitude (k distinct indices whatever the step holds: the step is then rolled back)."""
+    n = grace_ops.SAMPLED_TOPK_MIN * 4
+    x = np.ones(n, np.float32)
+    x[:: n >> 14] = 10.0
+    x[1::7] = 0.5
+    k = n // 10
+    np.testing.assert_array_equal(native.topk_indices(x, k), lowest_index_top_k(x, k))
+    x[[3, 999, n - 1]] = np.nan
+    got = native.topk_indices(x, 100)
+    assert len(np.unique(got)) == 100 and {3, 999, n - 1} <= set(got.tolist())
 
 
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])

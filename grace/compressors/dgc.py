@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from grace.compressor import Seeded, compute_dtype
 from grace.compressors.topk import TopK, kept
+from grace.kernels import accelerated
 from grace.ops import index_dtype
 from grace.validation import check_int, check_ratio
 
@@ -14,7 +15,9 @@ class DGC(Seeded, TopK):
     """Deep Gradient Compression: top-k with a threshold estimated on a random sample. The magnitude
     that keeps ``ratio`` of a ``sample_ratio`` sample (lowered by 20%) selects candidates, and exactly
     the k largest of them are sent (or of the whole tensor, should too few pass), as values and int32
-    indices; k is at least 16 (``kept``). Its ``dgc`` memory adds momentum correction, local gradient
+    indices; k is at least 16 (``kept``). That is the exact top-k either way, so where grace/native
+    runs its top-k kernel finds it directly (``sampled_top_k``), and ``sample_ratio`` and ``seed``
+    change nothing sent. Its ``dgc`` memory adds momentum correction, local gradient
     clipping and momentum factor masking, with the wrapped optimizer's momentum taken over so that it
     applies once;
     ``sparsity_warmup_steps`` > 0 raises sparsity in stages (``WARMUP_RATIOS``) over the first
@@ -57,19 +60,28 @@ class DGC(Seeded, TopK):
         k = kept(ratio, n)
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         m = min(n, max(int(n * self.sample_ratio), 1))
-        picked = self.indices(n, m, name, ctx, ops, like=flat, step=step)
-        rank = m - max(1, int(m * k / n))
-        threshold = ops.scale(ops.order_statistics(ops.abs(ops.gather(x, picked)), [rank]), 0.8)
-        candidates = ops.indices_at_least(x, threshold)
-        # Every element outside the candidates is smaller than every candidate, so when there are at
-        # least k candidates the k largest of them are the k largest of the tensor.
-        indices = ops.cond(
-            ops.size(candidates) >= k,
-            lambda: ops.gather(candidates, ops.topk_indices(ops.gather(x, candidates), k)),
-            lambda: ops.topk_indices(x, k))
+        indices = sampled_top_k(ops, x, seed=(self._seed_of(name, ctx, shared=False), step), k=k, m=m)
         indices = ops.cast(indices, index_dtype(n))
         return [ops.gather(flat, indices), indices]
 
     def k(self, numel: int) -> int:
         """The most entries sent at any step (warm-up included), for the dense fallback."""
         return kept(max(self.ratio_at(0), self.ratio), numel)
+
+
+@accelerated("sampled_top_k")
+def sampled_top_k(ops, x, *, seed, k: int, m: int):
+    """DGC's selection: the magnitude that keeps ``k`` of ``n`` in a random sample of ``m``
+    elements (``seed``: ``(seed_of, step)``), lowered by 20%, picks candidates, and the k largest
+    of them are the k largest of the tensor (every element left out is smaller than every
+    candidate); should fewer than k pass, the whole tensor is ranked. The result is the exact top-k
+    either way, so the kernel that runs instead is grace/native's top-k, with a sample of its own."""
+    n = ops.numel(x)
+    picked = ops.random_indices(n, m, seed[0], seed[1], like=x)
+    rank = m - max(1, int(m * k / n))
+    threshold = ops.scale(ops.order_statistics(ops.abs(ops.gather(x, picked)), [rank]), 0.8)
+    candidates = ops.indices_at_least(x, threshold)
+    return ops.cond(
+        ops.size(candidates) >= k,
+        lambda: ops.gather(candidates, ops.topk_indices(ops.gather(x, candidates), k)),
+        lambda: ops.topk_indices(x, k))

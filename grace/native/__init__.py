@@ -118,6 +118,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "grace_scaled_sum": [ptr, f32, ptr, f32, i64, i64, ptr],
         "grace_count_above": [ptr, i64, i64, f32],
         "grace_select_above": [ptr, i64, i64, f32, ptr, ctypes.c_int],
+        "grace_topk": [ptr, i64, i64, ptr, ctypes.c_int],
         "grace_scatter_add": [ptr, i64, ptr, ctypes.c_int, ptr, i64],
         "grace_two_sided": [ptr, i64, i64, f32, f32, ptr, ptr, ptr],
         "grace_inceptionn_encode": [ptr, i64, i64, f32, ptr, ptr, ptr, ptr, ptr],
@@ -133,7 +134,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
-        fn.restype = ctypes.c_int64 if name in ("grace_count_above", "grace_scatter_add") else None
+        fn.restype = (ctypes.c_int64 if name in ("grace_count_above", "grace_scatter_add", "grace_topk")
+                      else None)
 
 
 def library() -> ctypes.CDLL | None:
@@ -417,14 +419,27 @@ def indices_at_least(x: np.ndarray, threshold: float, dtype=np.int64) -> np.ndar
         counts[index] = lib.grace_count_above(address, start, size, threshold)
 
     _parallel(n, count)
-    # Each range writes from its own offset, with a slot of slack of its own for the branch-free loop.
-    offsets = [int(sum(counts[:i])) + i for i in range(len(ranges))]
-    out = _empty(sum(counts) + len(ranges), dtype)
+    # Each range writes from its own offset: the counts before it.
+    offsets = [int(sum(counts[:i])) for i in range(len(ranges))]
+    out = _empty(sum(counts), dtype)
     _parallel(n, lambda index, start, size: lib.grace_select_above(
         address, start, size, threshold, out.ctypes.data + itemsize * offsets[index], wide))
-    if len(ranges) == 1:
-        return out[:counts[0]]
-    return np.concatenate([out[o:o + c] for o, c in zip(offsets, counts)])
+    return out
+
+
+def topk_indices(x: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` indices of float32 ``x`` of largest magnitude, ascending, in ``index_dtype``;
+    where magnitudes tie at the k-th, the lowest indices (``Ops.topk_indices``)."""
+    from grace.ops import index_dtype  # grace.ops imports this module
+
+    lib = _require()
+    dtype = np.dtype(index_dtype(x.size))
+    if k >= x.size or k <= 0:
+        return np.arange(min(max(k, 0), x.size), dtype=dtype)
+    out = _empty(k, dtype)
+    if lib.grace_topk(x.ctypes.data, x.size, k, out.ctypes.data, int(dtype == np.int64)) != 0:
+        raise MemoryError(f"grace.native.topk_indices: no memory for the candidates of {x.size} elements")
+    return out
 
 
 def count_at_least(x: np.ndarray, threshold: float) -> int:
@@ -598,6 +613,12 @@ def _whole_codes(dtypes, bits, **params) -> bool:
     return 8 % bits == 0 and dtypes[1] == "float32"
 
 
+def _index_dtype(numel: int) -> str:
+    from grace.ops import index_dtype  # grace.ops imports this module
+
+    return index_dtype(numel)
+
+
 KERNELS: dict[str, Kernel] = {
     "quantize_levels": Kernel(quantize_levels, lambda x, divisors, levels, bits, block: [
         ("uint8", ((x[0] * bits + 7) // 8,))], lambda dtypes, bits, **params: bits <= MAX_CODE_BITS),
@@ -627,6 +648,11 @@ KERNELS: dict[str, Kernel] = {
         _float32(0)),
     "inceptionn_decode": Kernel(inceptionn_decode, lambda *shapes, n: [("float32", (n,))],
                                 _float32(3, 4)),
+    "topk_indices": Kernel(topk_indices, lambda x, k: [(_index_dtype(x[0]), (min(k, x[0]),))],
+                           _float32(0)),
+    # DGC's selection is the exact top-k too: its random sample only speeds the composite code up.
+    "sampled_top_k": Kernel(lambda x, seed, k, m: topk_indices(x, k),
+                            lambda x, k, m: [(_index_dtype(x[0]), (min(k, x[0]),))], _float32(0)),
     "bucketize_sums": Kernel(bucketize_sums, lambda x, boundaries: [
         ("uint8", x), ("float64", (boundaries[0] + 1,)), ("float64", (boundaries[0] + 1,))],
         _float32(0, 1)),

@@ -10,6 +10,10 @@
  */
 #include <math.h>
 #include <stdint.h>
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+#include <stdlib.h>
 #include <string.h>
 
 #define BLOCK 1024
@@ -278,22 +282,49 @@ int64_t grace_count_above(const float *x, int64_t start, int64_t n, float thresh
     return count;
 }
 
+/* Which of the SKIP elements from x are selected, as the bits of a mask (bit j for x[j]): those with
+ * |x| >= t, and with nan_too NaN as well. A selection keeps a few elements in a hundred, so a
+ * scan tests SKIP at a time, with the CPU's vector compare where it has one, and walks the set bits
+ * of the few masks that have some: 3 times faster than writing every index branch-free. */
+#define SKIP 16
+
+static inline uint32_t tail_mask(const float *x, int64_t m, float t, int nan_too) {
+    uint32_t mask = 0;
+    for (int64_t j = 0; j < m; j++) mask |= (uint32_t)(fabsf(x[j]) >= t || (nan_too && x[j] != x[j])) << j;
+    return mask;
+}
+
+static inline uint32_t block_mask(const float *x, float t, int nan_too) {
+#if defined(__AVX512F__)
+    __m512 v = _mm512_abs_ps(_mm512_loadu_ps(x)), u = _mm512_set1_ps(t);
+    return nan_too ? _mm512_cmp_ps_mask(v, u, _CMP_NLT_UQ) : _mm512_cmp_ps_mask(v, u, _CMP_GE_OQ);
+#elif defined(__AVX__)
+    __m256 sign = _mm256_set1_ps(-0.0f), u = _mm256_set1_ps(t);
+    __m256 a = _mm256_andnot_ps(sign, _mm256_loadu_ps(x)), b = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + 8));
+    if (nan_too)
+        return (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(a, u, _CMP_NLT_UQ))
+               | (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(b, u, _CMP_NLT_UQ)) << 8;
+    return (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(a, u, _CMP_GE_OQ))
+           | (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(b, u, _CMP_GE_OQ)) << 8;
+#else
+    return tail_mask(x, SKIP, t, nan_too);
+#endif
+}
+
+static inline uint32_t mask_at(const float *x, int64_t i, int64_t end, float t, int nan_too) {
+    return end - i >= SKIP ? block_mask(x + i, t, nan_too) : tail_mask(x + i, end - i, t, nan_too);
+}
+
 /* The indices i in [start, start + n) with |x[i]| >= threshold, in order, written to out (int64,
- * or int32 where wide is 0), which has room for one more than there are. Branch-free: every index
- * is written, and the count moves on only past a selected one. */
+ * or int32 where wide is 0). */
 void grace_select_above(const float *x, int64_t start, int64_t n, float threshold, void *out, int wide) {
-    int64_t count = 0;
-    if (wide) {
-        int64_t *o = out;
-        for (int64_t i = start; i < start + n; i++) {
-            o[count] = i;
-            count += fabsf(x[i]) >= threshold;
-        }
-    } else {
-        int32_t *o = out;
-        for (int64_t i = start; i < start + n; i++) {
-            o[count] = (int32_t)i;
-            count += fabsf(x[i]) >= threshold;
+    int64_t count = 0, end = start + n;
+    int64_t *o64 = out;
+    int32_t *o32 = out;
+    for (int64_t i = start; i < end; i += SKIP) {
+        for (uint32_t mask = mask_at(x, i, end, threshold, 0); mask; mask &= mask - 1) {
+            int64_t j = i + __builtin_ctz(mask);
+            if (wide) o64[count++] = j; else o32[count++] = (int32_t)j;
         }
     }
 }
@@ -641,4 +672,148 @@ void grace_bucket_index(const float *boundaries, int32_t count, int shift, int32
             high[key] = p_high;
         }
     }
+}
+
+/* Top-k by magnitude (grace/ops.py: Ops.topk_indices). An element's magnitude is |x|, NaN counting
+ * as infinite, so that every comparison below is a total order. */
+static inline float magnitude(float v) {
+    float m = fabsf(v);
+    return m != m ? INFINITY : m;
+}
+
+static int descending(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x < y) - (x > y);
+}
+
+/* The r-th largest (from 0) of v[0, m), reordering v: quickselect with a median-of-three pivot,
+ * finished by a sort of what is left after 64 rounds (so no quadratic worst case). */
+static float kth_largest(float *v, int64_t m, int64_t r) {
+    int64_t lo = 0, hi = m - 1;
+    for (int round = 0; lo < hi; round++) {
+        if (round == 64) {
+            qsort(v + lo, (size_t)(hi - lo + 1), sizeof(float), descending);
+            break;
+        }
+        float a = v[lo], b = v[lo + (hi - lo) / 2], c = v[hi];
+        float pivot = a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] > pivot) i++;
+            while (v[j] < pivot) j--;
+            if (i <= j) {
+                float t = v[i];
+                v[i++] = v[j];
+                v[j--] = t;
+            }
+        }
+        /* Now v[lo, j] >= pivot >= v[i, hi], and what lies between equals the pivot. */
+        if (r <= j) hi = j;
+        else if (r >= i) lo = i;
+        else return pivot;
+    }
+    return v[r];
+}
+
+/* The r-th largest (from 0) of the c non-negative floats m, without reordering them: a radix
+ * selection on their bits (which order non-negative floats as integers), 11, 11 and 10 bits at a
+ * time; each pass counts, in 2048 bins, the values that share the bits found so far. */
+static float kth_largest_bits(const float *m, int64_t c, int64_t r) {
+    static const int shifts[3] = {21, 10, 0}, widths[3] = {11, 11, 10};
+    uint32_t prefix = 0, known = 0;
+    int64_t bins[2048];
+    for (int pass = 0; pass < 3; pass++) {
+        uint32_t width = (1u << widths[pass]) - 1;
+        memset(bins, 0, sizeof(bins));
+        for (int64_t j = 0; j < c; j++) {
+            uint32_t u;
+            memcpy(&u, m + j, sizeof(u));
+            if ((u & known) == prefix) bins[(u >> shifts[pass]) & width]++;
+        }
+        int64_t b = (int64_t)width;
+        while (r >= bins[b]) r -= bins[b--];
+        prefix |= (uint32_t)b << shifts[pass];
+        known |= width << shifts[pass];
+    }
+    float kth;
+    memcpy(&kth, &prefix, sizeof(kth));
+    return kth;
+}
+
+/* How many of x[0, n) have a magnitude of at least t. */
+static int64_t count_at_least(const float *x, int64_t n, float t) {
+    int64_t count = 0;
+    for (int64_t i = 0; i < n; i += SKIP) count += __builtin_popcount(mask_at(x, i, n, t, 1));
+    return count;
+}
+
+/* The k (< n) indices of x[0, n) of largest magnitude, in ascending order, into out (int64, or
+ * int32 where wide is 0); of the elements equal to the k-th largest magnitude, the lowest indices
+ * (as TensorFlow's top_k and the composite code choose). From 2^15 elements, with k at most an
+ * eighth of them, the k-th magnitude is looked for among candidates at least a threshold that a
+ * strided sample of about 2^14 elements puts at 1.3 k of them (3 k should fewer pass): any
+ * threshold that keeps at least k gives the same answer. Otherwise, or should both fail, among all.
+ * Returns 0, or -1 where memory ran out. */
+int64_t grace_topk(const float *x, int64_t n, int64_t k, void *out, int wide) {
+    int64_t *o64 = out;
+    int32_t *o32 = out;
+    int64_t count = n;
+    float threshold = -1.0f; /* every element */
+    if (n >= (1 << 15) && k * 8 <= n) {
+        int64_t stride = n >> 14, size = (n + stride - 1) / stride;
+        float *sample = malloc((size_t)size * sizeof(float));
+        if (!sample) return -1;
+        for (int64_t i = 0; i < size; i++) sample[i] = magnitude(x[i * stride]);
+        const double margins[2] = {1.3, 3.0};
+        for (int a = 0; a < 2; a++) {
+            int64_t rank = (int64_t)((double)size * (double)k * margins[a] / (double)n);
+            if (rank > size - 1) rank = size - 1;
+            float t = kth_largest(sample, size, rank);
+            if (!(t > 0.0f)) break; /* a lower rank stays at 0: rank them all */
+            int64_t c = count_at_least(x, n, t);
+            if (c >= k) {
+                threshold = t;
+                count = c;
+                break;
+            }
+        }
+        free(sample);
+    }
+    /* The candidates' magnitudes, in order, and their indices (where not all are candidates). */
+    int all = threshold < 0.0f;
+    int64_t *index = all ? NULL : malloc((size_t)count * sizeof(int64_t));
+    float *mags = malloc((size_t)count * sizeof(float));
+    if ((!all && !index) || !mags) {
+        free(index);
+        free(mags);
+        return -1;
+    }
+    int64_t c = 0;
+    if (all) {
+        for (int64_t i = 0; i < n; i++) mags[i] = magnitude(x[i]);
+        c = n;
+    } else {
+        for (int64_t i = 0; i < n; i += SKIP) {
+            for (uint32_t mask = mask_at(x, i, n, threshold, 1); mask; mask &= mask - 1) {
+                int64_t j = i + __builtin_ctz(mask);
+                index[c] = j;
+                mags[c++] = magnitude(x[j]);
+            }
+        }
+    }
+    float kth = kth_largest_bits(mags, c, k - 1);
+    int64_t above = 0;
+    for (int64_t j = 0; j < c; j++) above += mags[j] > kth;
+    int64_t ties = k - above, w = 0;
+    for (int64_t j = 0; j < c && w < k; j++) {
+        int take = mags[j] > kth || (mags[j] == kth && ties-- > 0);
+        if (take) {
+            int64_t at = all ? j : index[j];
+            if (wide) o64[w] = at; else o32[w] = (int32_t)at;
+            w++;
+        }
+    }
+    free(index);
+    free(mags);
+    return 0;
 }
