@@ -226,11 +226,11 @@ class Ops(ABC):
         From ``SAMPLED_TOPK_MIN`` elements (k at most an eighth of them) the exact top-k is found
         among candidates above a threshold estimated on a strided sample (``sampled_topk_indices``),
         in every adapter alike; else by ``full_topk_indices``. Where grace/native runs, its kernel
-        does either in one call (``grace.steps.topk_indices``), ties at the k-th magnitude going to
+        does either in one call (``grace.steps.exact_top_k``), ties at the k-th magnitude going to
         the lowest indices."""
         from grace import steps  # which imports this module
 
-        return steps.topk_indices(self, x, k=k)
+        return steps.exact_top_k(self, x, k=k)
 
     @abstractmethod
     def full_topk_indices(self, x: Tensor, k: int) -> Tensor:

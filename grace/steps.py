@@ -13,8 +13,8 @@ from grace.kernels import accelerated
 from grace.ops import SAMPLED_TOPK_MIN, Ops, Tensor, sampled_topk_indices
 
 
-@accelerated("topk_indices")
-def topk_indices(ops: Ops, x: Tensor, *, k: int) -> Tensor:
+@accelerated("exact_top_k")
+def exact_top_k(ops: Ops, x: Tensor, *, k: int) -> Tensor:
     """``Ops.topk_indices``: from ``SAMPLED_TOPK_MIN`` elements (k at most an eighth of them) the
     exact top-k among the candidates above a threshold estimated on a strided sample
     (``sampled_topk_indices``), else by ranking every element (``Ops.full_topk_indices``). The

@@ -93,7 +93,7 @@ def test_a_threshold_that_keeps_too_few_tries_the_next_margin(monkeypatch):
         return original(self, values, threshold)
 
     monkeypatch.setattr(NumpyOps, "indices_at_least", counting)
-    chosen = steps.topk_indices.composite(NUMPY, x, k=k)
+    chosen = steps.exact_top_k.composite(NUMPY, x, k=k)
     assert tried == [10.0, 10.0]  # both margins rank inside the sample's 10s
     assert len(np.unique(chosen)) == k and (x[chosen] == 10.0).sum() == n // stride
     import tensorflow as tf

@@ -67,7 +67,8 @@ def test_the_layer_runs_every_compressors_loops_for_any_adapter(backend, monkeyp
     layer reaches it through ``on_host`` and ``host_access`` alone."""
     calls = collections.Counter()
     run = native.run_kernel
-    monkeypatch.setattr(native, "run_kernel", lambda k, *a, **kw: calls.update([k]) or run(k, *a, **kw))
+    monkeypatch.setattr(native, "run_kernel",
+                        lambda kernel, *a, **kw: calls.update([kernel]) or run(kernel, *a, **kw))
     x = np.random.default_rng(0).standard_normal(1 << 19).astype(np.float32)
     tensor = x if backend == "numpy" else torch.from_numpy(x)
     for name in grace.available():

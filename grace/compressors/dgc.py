@@ -15,7 +15,7 @@ class DGC(Seeded, TopK):
     """Deep Gradient Compression: top-k with a threshold estimated on a random sample. The magnitude
     that keeps ``ratio`` of a ``sample_ratio`` sample (lowered by 20%) selects candidates, and exactly
     the k largest of them are sent (or of the whole tensor, should too few pass), as values and int32
-    indices; k is at least 16 (``kept``). That is the exact top-k either way, so where grace/native
+    indices; k is at least 16 (``kept``). That is the exact top-k either way, so where the C loops
     runs its top-k kernel finds it directly (``sampled_top_k``), and ``sample_ratio`` and ``seed``
     change nothing sent. Its ``dgc`` memory adds momentum correction, local gradient
     clipping and momentum factor masking, with the wrapped optimizer's momentum taken over so that it
@@ -75,7 +75,7 @@ def sampled_top_k(ops, x, *, seed, k: int, m: int):
     elements (``seed``: ``(seed_of, step)``), lowered by 20%, picks candidates, and the k largest
     of them are the k largest of the tensor (every element left out is smaller than every
     candidate); should fewer than k pass, the whole tensor is ranked. The result is the exact top-k
-    either way, so the kernel that runs instead is grace/native's top-k, with a sample of its own."""
+    either way, so the loop that runs instead is the C top-k, with a sample of its own."""
     n = ops.numel(x)
     picked = ops.random_indices(n, m, seed[0], seed[1], like=x)
     rank = m - max(1, int(m * k / n))

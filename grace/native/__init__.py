@@ -648,7 +648,7 @@ KERNELS: dict[str, Kernel] = {
         _float32(0)),
     "inceptionn_decode": Kernel(inceptionn_decode, lambda *shapes, n: [("float32", (n,))],
                                 _float32(3, 4)),
-    "topk_indices": Kernel(topk_indices, lambda x, k: [(_index_dtype(x[0]), (min(k, x[0]),))],
+    "exact_top_k": Kernel(topk_indices, lambda x, k: [(_index_dtype(x[0]), (min(k, x[0]),))],
                            _float32(0)),
     # DGC's selection is the exact top-k too: its random sample only speeds the composite code up.
     "sampled_top_k": Kernel(lambda x, seed, k, m: topk_indices(x, k),
