@@ -430,10 +430,8 @@ def indices_at_least(x: np.ndarray, threshold: float, dtype=np.int64) -> np.ndar
 def topk_indices(x: np.ndarray, k: int) -> np.ndarray:
     """The ``k`` indices of float32 ``x`` of largest magnitude, ascending, in ``index_dtype``;
     where magnitudes tie at the k-th, the lowest indices (``Ops.topk_indices``)."""
-    from grace.ops import index_dtype  # grace.ops imports this module
-
     lib = _require()
-    dtype = np.dtype(index_dtype(x.size))
+    dtype = np.dtype(_index_dtype(x.size))
     if k >= x.size or k <= 0:
         return np.arange(min(max(k, 0), x.size), dtype=dtype)
     out = _empty(k, dtype)
@@ -619,6 +617,11 @@ def _index_dtype(numel: int) -> str:
     return index_dtype(numel)
 
 
+def _top_k_outputs(x, k, **params) -> list:
+    """The top-k kernels' output: ``min(k, n)`` indices of ``index_dtype(n)``."""
+    return [(_index_dtype(x[0]), (min(k, x[0]),))]
+
+
 KERNELS: dict[str, Kernel] = {
     "quantize_levels": Kernel(quantize_levels, lambda x, divisors, levels, bits, block: [
         ("uint8", ((x[0] * bits + 7) // 8,))], lambda dtypes, bits, **params: bits <= MAX_CODE_BITS),
@@ -648,11 +651,9 @@ KERNELS: dict[str, Kernel] = {
         _float32(0)),
     "inceptionn_decode": Kernel(inceptionn_decode, lambda *shapes, n: [("float32", (n,))],
                                 _float32(3, 4)),
-    "exact_top_k": Kernel(topk_indices, lambda x, k: [(_index_dtype(x[0]), (min(k, x[0]),))],
-                           _float32(0)),
+    "exact_top_k": Kernel(topk_indices, _top_k_outputs, _float32(0)),
     # DGC's selection is the exact top-k too: its random sample only speeds the composite code up.
-    "sampled_top_k": Kernel(lambda x, seed, k, m: topk_indices(x, k),
-                            lambda x, k, m: [(_index_dtype(x[0]), (min(k, x[0]),))], _float32(0)),
+    "sampled_top_k": Kernel(lambda x, seed, k, m: topk_indices(x, k), _top_k_outputs, _float32(0)),
     "bucketize_sums": Kernel(bucketize_sums, lambda x, boundaries: [
         ("uint8", x), ("float64", (boundaries[0] + 1,)), ("float64", (boundaries[0] + 1,))],
         _float32(0, 1)),
