@@ -96,12 +96,13 @@ def onebit_with_residual(bucket=512):
 def randomk_with_residual(ratio, seed):
     """Random-k with indices from the seed every worker derives from (seed, name, step)."""
     from grace.compressors.randomk import RandomK
+    from grace.rng import reference_indices  # the draw's definition, in numpy
 
     seeds = RandomK(ratio, seed=seed)
 
     def choose(name, step, flat):
         k = max(1, int(ratio * flat.size))
-        return np.random.default_rng(seeds.step_seed(name, step)).choice(flat.size, k, replace=False)
+        return reference_indices(flat.size, k, seeds.step_seed(name, step))
     return with_residual(choose)
 
 

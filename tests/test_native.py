@@ -18,7 +18,7 @@ from frameworks.torch.ops import TorchOps
 from grace import kernels, native, steps
 from grace.backends.numpy_ops import NumpyOps
 from grace.ops import Ops
-from grace.rng import counter_uniform_bits, draw_uniform, reference_uniform
+from grace.rng import counter_uniform_bits, draw_indices, draw_uniform, reference_indices, reference_uniform
 
 TORCH = TorchOps()
 NUMPY = NumpyOps()
@@ -55,6 +55,18 @@ def test_the_counter_based_draws_are_the_same_in_c_numpy_and_torch(n):
     assert abs(expected.var() - 1 / 12) < 4 * np.sqrt(1 / 180 / n)
     # Another seed gives other numbers.
     assert np.mean(draw_uniform(n, SEED + 1) == expected) < 1e-3
+
+
+@pytest.mark.parametrize("n, k", [(1, 0), (1, 1), (10, 3), (10, 7), (64, 32), (65, 33), (100, 100),
+                                  (5_000, 50), (1_000_003, 600_000), (2_359_296, 23_592)])
+def test_random_k_draws_the_same_indices_in_c_and_numpy(n, k):
+    # Both ends of the bitmap's last word, the complement (k > n / 2), none and all.
+    for seed in (0, 5, SEED):
+        expected = reference_indices(n, k, seed)
+        got = draw_indices(n, k, seed)
+        assert got.dtype == expected.dtype and expected.size == k
+        np.testing.assert_array_equal(got, expected)
+    assert k in (0, n) or not np.array_equal(draw_indices(n, k, 1), draw_indices(n, k, 2))
 
 
 @pytest.mark.parametrize("n", SIZES)

@@ -119,6 +119,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "grace_count_above": [ptr, i64, i64, f32],
         "grace_select_above": [ptr, i64, i64, f32, ptr, ctypes.c_int],
         "grace_topk": [ptr, i64, i64, ptr, ctypes.c_int],
+        "grace_choose": [u32, u32, i64, i64, ctypes.c_int, ptr, ctypes.c_int],
         "grace_scatter_add": [ptr, i64, ptr, ctypes.c_int, ptr, i64],
         "grace_two_sided": [ptr, i64, i64, f32, f32, ptr, ptr, ptr],
         "grace_inceptionn_encode": [ptr, i64, i64, f32, ptr, ptr, ptr, ptr, ptr],
@@ -134,7 +135,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     for name, argtypes in signatures.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
-        fn.restype = (ctypes.c_int64 if name in ("grace_count_above", "grace_scatter_add", "grace_topk")
+        fn.restype = (ctypes.c_int64 if name in ("grace_count_above", "grace_scatter_add", "grace_topk",
+                                                  "grace_choose")
                       else None)
 
 
@@ -437,6 +439,23 @@ def topk_indices(x: np.ndarray, k: int) -> np.ndarray:
     out = _empty(k, dtype)
     if lib.grace_topk(x.ctypes.data, x.size, k, out.ctypes.data, int(dtype == np.int64)) != 0:
         raise MemoryError(f"grace.native.topk_indices: no memory for the candidates of {x.size} elements")
+    return out
+
+
+def choose_indices(n: int, k: int, seed: int) -> np.ndarray:
+    """``grace.rng.reference_indices(n, k, seed)``: ``k`` distinct indices of ``[0, n)``, uniform,
+    ascending, in ``index_dtype``."""
+    lib = _require()
+    dtype = np.dtype(_index_dtype(n))
+    out = _empty(k, dtype)
+    k0, k1 = split_key(seed)
+    complement = k > n - k  # draw the smaller of the set and what it leaves out
+    status = lib.grace_choose(k0, k1, n, n - k if complement else k, int(complement),
+                              out.ctypes.data, int(dtype == np.int64))
+    if status == -1:
+        raise MemoryError(f"grace.native.choose_indices: no memory for a bitmap of {n} elements")
+    if status == -2:
+        raise ValueError(f"grace.native.choose_indices: n must be below 2**31, got {n}")
     return out
 
 

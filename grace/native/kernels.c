@@ -817,3 +817,43 @@ int64_t grace_topk(const float *x, int64_t n, int64_t k, void *out, int wide) {
     free(mags);
     return 0;
 }
+
+/* Random-k's choice of m of n elements (grace/rng.py: reference_indices gives the same): draw j picks
+ * element (hi * n + (lo * n >> 24)) >> 24 of [0, n), hi and lo being the counter's 24 bits at 2j and
+ * 2j + 1 (a 48-bit uniform times n, exact in 64-bit integers); the first m distinct picks are the
+ * set, which makes every m-subset equally likely. The set (or, with complement, the n - m elements
+ * it leaves out) goes to out ascending, read off a bitmap. Returns 0; -1 without memory; -2 when
+ * the counter's 2^32 values run out (n must stay below 2^31). */
+int64_t grace_choose(uint32_t k0, uint32_t k1, int64_t n, int64_t m, int complement, void *out,
+                     int wide) {
+    int64_t words = (n + 63) / 64, count = 0;
+    uint64_t *bits = calloc((size_t)(words ? words : 1), sizeof(uint64_t));
+    if (!bits) return -1;
+    for (uint64_t j = 0; count < m; j++) {
+        if (j >= (UINT64_C(1) << 31)) {
+            free(bits);
+            return -2;
+        }
+        uint64_t hi = lowbias32(lowbias32((uint32_t)(2 * j) + k0) ^ k1) >> 8;
+        uint64_t lo = lowbias32(lowbias32((uint32_t)(2 * j + 1) + k0) ^ k1) >> 8;
+        uint64_t v = (hi * (uint64_t)n + ((lo * (uint64_t)n) >> 24)) >> 24;
+        uint64_t bit = UINT64_C(1) << (v & 63);
+        if (!(bits[v >> 6] & bit)) {
+            bits[v >> 6] |= bit;
+            count++;
+        }
+    }
+    int64_t *o64 = out;
+    int32_t *o32 = out;
+    int64_t w = 0;
+    for (int64_t i = 0; i < words; i++) {
+        uint64_t word = complement ? ~bits[i] : bits[i];
+        if (i == words - 1 && n % 64) word &= (UINT64_C(1) << (n % 64)) - 1;
+        for (; word; word &= word - 1) {
+            int64_t at = i * 64 + __builtin_ctzll(word);
+            if (wide) o64[w++] = at; else o32[w++] = (int32_t)at;
+        }
+    }
+    free(bits);
+    return 0;
+}
