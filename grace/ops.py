@@ -457,9 +457,10 @@ class Ops(ABC):
     def random_indices(self, n: int, k: int, seed_of: Callable[[Any], int], step: Any,
                        like: Tensor) -> Tensor:
         """``k`` distinct indices in ``[0, n)``, uniform, from a private generator seeded with
-        ``seed_of(step)``. Every adapter draws them the same way (``grace.rng.draw_indices``, never a
-        global RNG), so all workers and all frameworks agree given the seed. ``step`` is what a counter returned
-        (a tensor under ``tf.function``, where the draw happens when the graph runs)."""
+        ``seed_of(step)``. Every adapter draws them the same way (``grace.rng.draw_indices``, never
+        a global RNG), so all workers and all frameworks agree given the seed. ``step`` is what a
+        counter returned (a tensor under ``tf.function``, where the draw happens when the graph
+        runs)."""
         return self.from_numpy(draw_indices(n, k, seed_of(int(step))), like)
 
     # --- storage that outlives a step ----------------------------------------------------------
