@@ -43,10 +43,14 @@ static inline uint32_t lowbias32(uint32_t x) {
     return x;
 }
 
-/* A uniform float32 in [0, 1) for element i under key (k0, k1): 24 random bits, exact in float32. */
+/* The counter's 24 random bits for element i under key (k0, k1) (grace/rng.py: counter_uniform_bits). */
+static inline uint32_t counter_bits(uint32_t i, uint32_t k0, uint32_t k1) {
+    return lowbias32(lowbias32(i + k0) ^ k1) >> 8;
+}
+
+/* A uniform float32 in [0, 1) for element i: its 24 bits, exact in float32. */
 static inline float counter_uniform(uint32_t i, uint32_t k0, uint32_t k1) {
-    uint32_t h = lowbias32(lowbias32(i + k0) ^ k1);
-    return (float)(h >> 8) * 0x1p-24f;
+    return (float)counter_bits(i, k0, k1) * 0x1p-24f;
 }
 
 void grace_uniform(uint32_t k0, uint32_t k1, int64_t start, int64_t n, float *out) {
@@ -834,8 +838,8 @@ int64_t grace_choose(uint32_t k0, uint32_t k1, int64_t n, int64_t m, int complem
             free(bits);
             return -2;
         }
-        uint64_t hi = lowbias32(lowbias32((uint32_t)(2 * j) + k0) ^ k1) >> 8;
-        uint64_t lo = lowbias32(lowbias32((uint32_t)(2 * j + 1) + k0) ^ k1) >> 8;
+        uint64_t hi = counter_bits((uint32_t)(2 * j), k0, k1);
+        uint64_t lo = counter_bits((uint32_t)(2 * j + 1), k0, k1);
         uint64_t v = (hi * (uint64_t)n + ((lo * (uint64_t)n) >> 24)) >> 24;
         uint64_t bit = UINT64_C(1) << (v & 63);
         if (!(bits[v >> 6] & bit)) {
