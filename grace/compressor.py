@@ -112,6 +112,8 @@ class Compressor(ABC):
       gradients in PyTorch's order (TensorFlow: Keras's kernels output-major,
       ``frameworks/tensorflow/layout.py``), so that it compresses the same groups of elements
       in both.
+    - ``adam_caution``: where the compressor is measured to fall short of uncompressed training with
+      Adam, what the wrapper tells a user who wraps Adam (logged once, on rank 0), else ``None``.
     """
 
     name: ClassVar[str] = "abstract"
@@ -125,6 +127,7 @@ class Compressor(ABC):
     encodes_rows: ClassVar[bool] = True
     elementwise: ClassVar[bool] = False
     layout_sensitive: ClassVar[bool] = False
+    adam_caution: ClassVar[str | None] = None
     state_store: StateStore = DEFAULT
     """Where state kept across steps is read and written (``grace.state``): the pipeline's own."""
 

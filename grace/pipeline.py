@@ -224,6 +224,13 @@ class Pipeline:
         self._apply_momentum(part, found)
         return part.takeover_line(found, self.compressor.name)
 
+    def adam_caution(self, optimizer: str) -> str | None:
+        """The line a wrapper logs once when this pipeline wraps Adam (``optimizer`` names it), where
+        the compressor is measured to fall short with Adam (``Compressor.adam_caution``), else
+        ``None``."""
+        caution = self.compressor.adam_caution
+        return None if caution is None else f"grace: {self.compressor.name} with {optimizer}: {caution}"
+
     def retake_momentum(self, found: OptimizerMomentum) -> None:
         """The momentum taken over, as the optimizer's settings now say it (they may have been
         replaced since: ``hvd.broadcast_optimizer_state`` gives every worker rank 0's, a resumed

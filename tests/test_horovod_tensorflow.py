@@ -130,6 +130,17 @@ def test_keras_sgd_momentum_is_taken_over_by_dgc(tf_run):
     assert infos[0]["optimizer_momentum"] == 0.0
 
 
+def test_keras_adam_with_randomk_is_cautioned_once_and_left_alone(tf_run):
+    """Random-k falls short with Adam (docs/quality.md, "With Adam"): Keras's wrapper says so once,
+    on rank 0, and Adam keeps its beta_1."""
+    infos = [json.loads((tf_run / f"keras_randomk_adam.rank{r}.json").read_text()) for r in range(2)]
+    assert [line for line in infos[0]["grace_log"] if line.startswith("grace: randomk with keras Adam:")]
+    assert len(infos[0]["grace_log"]) == 1 and infos[1]["grace_log"] == []
+    assert infos[0]["optimizer_beta_1"] == infos[1]["optimizer_beta_1"] == 0.9
+    w0, w1 = (np.load(tf_run / f"keras_randomk_adam.rank{r}.npz")["w"] for r in range(2))
+    np.testing.assert_array_equal(w0, w1)
+
+
 def test_tf1_momentum_is_turned_off_for_randomk(tf_run):
     # (Keras names the tensor dense/kernel and transposes it: random-k's indices would differ from
     # the numpy model's, which draws them for "weight".)

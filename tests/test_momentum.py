@@ -104,6 +104,25 @@ def test_adam_beta1_is_taken_by_signum_and_dgc_only(run):
         assert np.isfinite(w0).all()
 
 
+def test_randomk_with_adam_says_once_that_it_falls_short_and_leaves_adam_alone(run):
+    """Random-k with Adam ends about 2 points below uncompressed on mnist (docs/quality.md, "With
+    Adam"): the wrapper says so once, on rank 0, and takes nothing from Adam."""
+    out, log = run
+    assert info(out, "randomk_adam")["betas"] == info(out, "randomk_adam")["betas_after"] == [0.9, 0.999]
+    lines = [line for line in log.splitlines() if "grace: randomk with torch.optim.Adam:" in line]
+    assert len(lines) == 1 and lines[0].startswith("[0]") and "prefer topk or dgc" in lines[0]
+    w0, w1 = (np.load(out / f"randomk_adam.rank{r}.npz")["w"] for r in range(2))
+    np.testing.assert_array_equal(w0, w1)
+
+
+def test_only_the_compressors_measured_short_with_adam_caution_it():
+    from grace.registry import COMPRESSORS
+
+    assert grace.randomk().adam_caution("keras Adam").startswith("grace: randomk with keras Adam: ")
+    assert grace.topk().adam_caution("keras Adam") is None
+    assert [name for name, cls in COMPRESSORS.items() if cls.adam_caution is not None] == ["randomk"]
+
+
 @pytest.mark.parametrize("name, message", [
     ("conflict", "momentum=0.5 was given to the compression and torch.optim.SGD's momentum is 0.9"),
     ("groups_differ", "SGD's momentum differs between param groups (0.5, 0.9)"),

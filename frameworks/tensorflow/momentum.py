@@ -32,6 +32,7 @@ def take_keras_momentum(optimizer_class, config: dict, compression: Pipeline, pr
             config = {**config, "momentum": 0.0, "nesterov": False}
     elif issubclass(optimizer_class, (keras.optimizers.Adam, keras.optimizers.AdamW)):
         beta1 = float(config.get("beta_1", 0.0))
+        _log(compression.adam_caution(f"keras {optimizer_class.__name__}"), process_set)
         line = compression.take_momentum(OptimizerMomentum(beta1, dampening=beta1,
                                                         source="keras Adam's beta_1"), adam=True)
         if line is not None:
@@ -55,6 +56,7 @@ def take_legacy_momentum(optimizer, compression: Pipeline, process_set) -> None:
             internals.set_tf1_setting(optimizer, "nesterov", False)
     elif isinstance(optimizer, tf.compat.v1.train.AdamOptimizer):
         beta1 = float(internals.tf1_setting(optimizer, "beta1"))
+        _log(compression.adam_caution("AdamOptimizer"), process_set)
         line = compression.take_momentum(OptimizerMomentum(beta1, dampening=beta1,
                                                         source="AdamOptimizer's beta1"), adam=True)
         if line is not None:

@@ -310,10 +310,14 @@ def _take_momentum(optimizer, compression: Pipeline, process_set) -> str | None:
     if momentum is None:
         return None
     found, adam = momentum
+    lead = process_set.included() and process_set.rank() == 0
+    caution = compression.adam_caution(f"torch.optim.{type(optimizer).__name__}") if adam else None
+    if caution is not None and lead:
+        logging.getLogger("grace").warning(caution)
     line = compression.take_momentum(found, adam=adam)
     if line is None:
         return None
-    if process_set.included() and process_set.rank() == 0:
+    if lead:
         logging.getLogger("grace").warning(line)
     return "adam" if adam else "sgd"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 
@@ -79,15 +80,29 @@ def legacy_optimizer(name, compression, momentum=0.0):
     save(name, w.numpy(), b.numpy(), compression.stats())
 
 
-def keras_fit(name, compression, different_start=True, momentum=0.0, accumulate=None):
+class GraceLog(logging.Handler):
+    """The lines grace logs while a scenario builds its wrapper, kept for the test to read."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def keras_fit(name, compression, different_start=True, momentum=0.0, accumulate=None, adam=False):
     w, b = init_weights(0)
+    log = GraceLog()
+    logging.getLogger("grace").addHandler(log)
     model = keras.Sequential([keras.Input((w.shape[1],)), keras.layers.Dense(w.shape[0])])
     start = 0.0 if rank == 0 or not different_start else 1.0  # rank 0's weights are broadcast
     model.layers[0].set_weights([w.T + start, b + start])
     # Keras divides an accumulated sum by its steps: twice the rate gives the sum's update.
-    base = keras.optimizers.SGD(LR * (accumulate or 1), momentum=momentum,
-                                gradient_accumulation_steps=accumulate)
+    base = keras.optimizers.Adam(0.01) if adam else keras.optimizers.SGD(
+        LR * (accumulate or 1), momentum=momentum, gradient_accumulation_steps=accumulate)
     opt = hvd_keras.DistributedOptimizer(base, compression=compression)
+    logging.getLogger("grace").removeHandler(log)
     model.compile(optimizer=opt, loss="mse")  # every other option left at its default
     micro_steps = args.steps * (accumulate or 1)
     x = np.concatenate([batch(rank, s)[0] for s in range(micro_steps)])
@@ -96,8 +111,10 @@ def keras_fit(name, compression, different_start=True, momentum=0.0, accumulate=
               callbacks=[BroadcastGlobalVariablesCallback(0)])
     kernel, bias = model.layers[0].get_weights()
     stats = compression.stats() if isinstance(compression, grace.Pipeline) else None
-    save(name, kernel.T, bias, stats, jit_compile=bool(model.jit_compile),
-         optimizer_momentum=float(model.optimizer.momentum))
+    setting = {"optimizer_beta_1": float(model.optimizer.beta_1)} if adam else {
+        "optimizer_momentum": float(model.optimizer.momentum)}
+    save(name, kernel.T, bias, stats, jit_compile=bool(model.jit_compile), grace_log=log.lines,
+         **setting)
 
 
 scenarios = {
@@ -127,6 +144,8 @@ scenarios = {
     # The optimizer's momentum taken over (grace.momentum): Keras, TF1, and warm-up under tf.function.
     "keras_dgc_momentum": lambda: keras_fit("keras_dgc_momentum", grace.dgc(0.05, sample_ratio=1.0),
                                             False, momentum=0.9),
+    "keras_randomk_adam": lambda: keras_fit("keras_randomk_adam", grace.randomk(0.05, seed=3), False,
+                                            adam=True),
     "legacy_randomk_momentum": lambda: legacy_optimizer("legacy_randomk_momentum",
                                                         grace.randomk(0.05, seed=3), momentum=0.9),
     "legacy_dgc_momentum": lambda: legacy_optimizer("legacy_dgc_momentum",

@@ -36,6 +36,7 @@ SCENARIOS = {
     "signum_adam": (lambda: grace.signum(), lambda p: torch.optim.Adam(p, 0.01)),
     "dgc_adam": (lambda: grace.dgc(0.05, sample_ratio=1.0), lambda p: torch.optim.Adam(p, 0.01)),
     "onebit_adam": (lambda: grace.onebit(), lambda p: torch.optim.Adam(p, 0.01)),
+    "randomk_adam": (lambda: grace.randomk(0.05, seed=3), lambda p: torch.optim.Adam(p, 0.01)),
     # Each worker its own momentum, then rank 0's for all by hvd.broadcast_optimizer_state.
     "dgc_broadcast": (lambda: grace.dgc(0.05, sample_ratio=1.0),
                       lambda p: torch.optim.SGD(p, LR, MOMENTUM if rank == 0 else 0.5)),
