@@ -112,6 +112,8 @@ class Compressor(ABC):
       gradients in PyTorch's order (TensorFlow: Keras's kernels output-major,
       ``frameworks/tensorflow/layout.py``), so that it compresses the same groups of elements
       in both.
+    - ``sends_exactly``: as a shard owner's codec, it carries the combination it is given exactly
+      (signSGD's votes), so that the owners' second encoding loses nothing without a residual.
     - ``adam_caution``: where the compressor is measured to fall short of uncompressed training with
       Adam, what the wrapper tells a user who wraps Adam (logged once, on rank 0), else ``None``.
     """
@@ -128,6 +130,7 @@ class Compressor(ABC):
     elementwise: ClassVar[bool] = False
     layout_sensitive: ClassVar[bool] = False
     adam_caution: ClassVar[str | None] = None
+    sends_exactly: ClassVar[bool] = False
     state_store: StateStore = DEFAULT
     """Where state kept across steps is read and written (``grace.state``): the pipeline's own."""
 

@@ -114,17 +114,18 @@ def fp16_sum(values):
     return total.astype(np.float64)
 
 
-def two_stage_topk(ratio, workers):
+def two_stage_topk(ratio, workers, owner_ratio=None):
     """``communicator="alltoall"`` with top-k, from its definition: each worker cuts (gradient +
     its residual) into ``workers`` shards (sizes differing by at most one, the larger first) and
     keeps the top-k of each shard (``k = max(16, int(ratio * shard))``), its residual the rest;
     each shard's owner adds up the workers' sparse shards and its own residual, keeps the top-k of
-    that, its residual the rest; the kept shards, joined, are the sum every worker receives.
-    Returns ``exchange(name, step, gradients) -> sum`` for ``simulate``."""
+    that (at ``owner_ratio``, ``ratio`` unless given), its residual the rest; the kept shards,
+    joined, are the sum every worker receives. Returns ``exchange(name, step, gradients) -> sum``
+    for ``simulate``."""
     residuals, owners = {}, {}
 
-    def keep_top(x):
-        k = min(x.size, max(16, int(ratio * x.size)))
+    def keep_top(x, fraction=ratio):
+        k = min(x.size, max(16, int(fraction * x.size)))
         keep = np.argsort(-np.abs(x), kind="stable")[:k]
         sent = np.zeros_like(x)
         sent[keep] = x[keep]
@@ -146,7 +147,7 @@ def two_stage_topk(ratio, workers):
         out = []
         for j, total in enumerate(totals):
             t = total + owners.get((name, j), 0.0)
-            sent = keep_top(t)
+            sent = keep_top(t, ratio if owner_ratio is None else owner_ratio)
             owners[(name, j)] = t - sent
             out.append(sent)
         return np.concatenate(out).reshape(shape)

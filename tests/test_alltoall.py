@@ -43,12 +43,14 @@ def test_shards_differ_by_at_most_one_element():
     assert sum(shard_sizes(1_000_003, 7)) == 1_000_003
 
 
-@pytest.mark.parametrize("workers", [2, 3, 4])
-def test_topk_equals_the_two_stage_model(workers):
+@pytest.mark.parametrize("workers, owner_ratio", [(2, None), (3, None), (4, None), (4, 0.1)])
+def test_topk_equals_the_two_stage_model(workers, owner_ratio):
     """Five steps of top-k through the owners equal the numpy model of the algorithm (error
-    feedback on both sides), and every worker gets the same bits."""
-    model = reference.two_stage_topk(0.05, workers)
-    pipelines = [grace.topk(0.05, communicator="alltoall") for _ in range(workers)]
+    feedback on both sides; the owners keeping ``ratio`` of their shard's sum, or ``owner_ratio``),
+    and every worker gets the same bits."""
+    model = reference.two_stage_topk(0.05, workers, owner_ratio)
+    pipelines = [grace.topk(0.05, owner_ratio=owner_ratio, communicator="alltoall")
+                 for _ in range(workers)]
     for step in range(5):
         grads = [[gaussian((30, 101), 100 * step + r)] for r in range(workers)]
         results = exchange(pipelines, grads, 1.0 / workers)
@@ -230,6 +232,28 @@ def test_auto_gathers_on_small_jobs_and_goes_through_the_owners_on_large_ones():
     # without memory), auto gathers at any size; the sign votes go through the owners exactly.
     assert payload_bytes("qsgd", "auto", 5) == payload_bytes("qsgd", "allgather", 5)
     assert payload_bytes("signsgd", "auto", 5) == payload_bytes("signsgd", "alltoall", 5)
+    # An owner codec other than the compressor itself is not on that account exact: top-k without
+    # memory, whose owners keep 2% of their shard's sum, still gathers.
+    unkept = [grace.topk(0.01, owner_ratio=0.02, memory="none") for _ in range(5)]
+    exchange(unkept, [[gaussian(1 << 16, r)] for r in range(5)], 1.0 / 5)
+    assert unkept[0].stats()["bytes_received"] == payload_bytes("topk", "allgather", 5)["bytes_received"]
+
+
+def test_owners_keep_owner_ratio_of_their_shard_and_send_it_on():
+    """``owner_ratio``: what an owner sends on in the second stage is the top ``owner_ratio`` of
+    its shard's sum (values and int32 indices, 8 bytes an entry); the first stage is unchanged."""
+    workers, numel = 4, 1 << 16
+    shard = numel // workers
+    stats = {}
+    for owner_ratio in (None, 0.02):
+        pipelines = [grace.topk(0.01, owner_ratio=owner_ratio, communicator="alltoall")
+                     for _ in range(workers)]
+        exchange(pipelines, [[gaussian(numel, r)] for r in range(workers)], 1.0 / workers)
+        stats[owner_ratio] = pipelines[0].stats()
+    first_stage = (workers - 1) * int(0.01 * shard) * 8
+    for owner_ratio, fraction in ((None, 0.01), (0.02, 0.02)):
+        second_stage = (workers - 1) * int(fraction * shard) * 8
+        assert stats[owner_ratio]["bytes_received"] == first_stage + second_stage
 
 
 def test_a_second_rounding_with_error_feedback_diverges_for_qsgd():

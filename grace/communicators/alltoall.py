@@ -255,7 +255,7 @@ def owners_keep_it(compressor: Compressor, memory: Memory | None) -> bool:
     (QSGD, TernGrad, natural) adds a second rounding's noise that nothing takes back, and error
     feedback on a stochastic rounding whose variance exceeds the value diverges (measured,
     tests/test_alltoall.py, docs/user-guide.md)."""
-    return keeps_residual(memory) or compressor.owner_codec() is not compressor
+    return keeps_residual(memory) or compressor.owner_codec().sends_exactly
 
 
 class Auto(Communicator):

@@ -22,7 +22,7 @@ class RandomK(Seeded, Sparse, Compressor):
     adam_caution = (
         "its error feedback sends each element about every 1/ratio steps, and Adam divides those "
         "bursts by their own size: measured on mnist it ends about 2 points below uncompressed "
-        "Adam, at 10% of the elements still 1.9; with Adam prefer topk or dgc (docs/quality.md, "
+        "Adam, at 10% of the elements still 1.5; with Adam prefer topk or dgc (docs/quality.md, "
         "'With Adam')")
 
     def __init__(self, ratio: float = 0.01, seed: int = 0, scale: bool = False):

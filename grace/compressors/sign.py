@@ -108,6 +108,7 @@ class Votes(Compressor):
     workers has."""
 
     name = "votes"
+    sends_exactly = True
 
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))

@@ -1,0 +1,204 @@
+"""The mnist workload trained by N simulated workers in one process, through grace's own pipelines.
+
+A study tool for questions that need many runs, or more workers than this machine can time: the
+MLP 784-512-256-10 of ``workloads.py`` on Fashion-MNIST, batches of 64 per worker, 10 passes by
+default, with SGD (lr 0.05, momentum 0.9) or Adam (lr 1e-3). Each worker's gradients go through
+the pipeline a user would build (``compare.py``'s spec: ``topk:ratio=0.01;communicator=alltoall``),
+in buckets as the wrappers form them, and the workers exchange through ``InProcessGroup``: the
+collectives a real worker would run (allreduce, allgather, all-to-all), computed in one process. The
+optimizer's momentum is taken over where the compressor owns it, as the wrappers do. Used for:
+
+- **random-k with Adam** (docs/quality.md, "With Adam"): the remedies that would give Adam
+  per-step magnitudes back. ``--spread BETA`` spreads each element's exchanged update over the
+  following steps before Adam sees it (an average of gain one, ``s = BETA s + (1 - BETA) update``:
+  every burst still arrives in full, over about ``1 / (1 - BETA)`` steps);
+  ``--freeze-variance-after STEPS`` exchanges dense for ``STEPS``, then freezes Adam's second
+  moment and compresses, as 1-bit Adam does (Tang et al., ICML 2021), so that Adam divides by the
+  dense gradients' root mean square instead of the bursts'.
+- **the shards' owners against gathering at more workers** (docs/results.md, "Accuracy through the
+  owners"): ``--workers 8``.
+
+    .venv/bin/python scripts/simulate_mnist.py --spec fp32 --optimizer adam
+    .venv/bin/python scripts/simulate_mnist.py --spec randomk --optimizer adam --spread 0.9
+    .venv/bin/python scripts/simulate_mnist.py --spec "topk:ratio=0.01;communicator=alltoall" --workers 8
+
+Prints the test accuracy after every pass, and a JSON line with all of them at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from tqdm import tqdm
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import compare  # noqa: E402
+import fashion_mnist  # noqa: E402
+
+import grace  # noqa: E402
+from grace.backends import InProcessGroup  # noqa: E402
+from grace.momentum import OptimizerMomentum  # noqa: E402
+from grace.ops import ops_for  # noqa: E402
+
+BATCH = 64
+LEARNING_RATES = {"sgd": 0.05, "adam": 1e-3}  # the workload's (scripts/workloads.py)
+MOMENTUM = 0.9
+BETAS, EPS = (0.9, 0.999), 1e-8
+
+
+class FreezableAdam:
+    """Adam (Kingma and Ba, 2015) as ``torch.optim.Adam`` steps it, with a switch that freezes the
+    second moment (no further updates, its bias correction fixed) from a given step on."""
+
+    def __init__(self, params: list[torch.Tensor], lr: float, beta1: float):
+        self.params, self.lr, self.beta1, self.step_count, self.frozen_at = params, lr, beta1, 0, None
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+
+    def step(self) -> None:
+        self.step_count += 1
+        t, b1, b2 = self.step_count, self.beta1, BETAS[1]
+        v_steps = t if self.frozen_at is None else self.frozen_at
+        with torch.no_grad():
+            for p, m, v in zip(self.params, self.m, self.v):
+                m.mul_(b1).add_(p.grad, alpha=1 - b1)
+                if self.frozen_at is None:
+                    v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                m_hat = m / (1 - b1 ** t) if b1 else m
+                p.sub_(self.lr * m_hat / ((v / (1 - b2 ** v_steps)).sqrt() + EPS))
+
+
+def build_pipelines(spec: str, workers: int) -> list[grace.Pipeline] | None:
+    """One pipeline per worker from ``compare.py``'s spec, or ``None`` for ``fp32``."""
+    if spec == "fp32":
+        return None
+    params = json.loads(compare.parse_compression(spec))
+    return [grace.from_params(params) for _ in range(workers)]
+
+
+def take_momentum(pipelines: list[grace.Pipeline] | None, optimizer: str) -> float:
+    """Hand the optimizer's momentum (SGD's, or Adam's ``beta_1``) to every worker's pipeline where
+    its compressor owns it, as the wrappers do; returns the momentum the optimizer keeps."""
+    if pipelines is None:
+        return MOMENTUM
+    adam = optimizer == "adam"
+    found = OptimizerMomentum(MOMENTUM, dampening=MOMENTUM if adam else 0.0,
+                              source="Adam's beta_1" if adam else "SGD's momentum")
+    taken = [p.take_momentum(found, adam=adam) for p in pipelines]
+    return 0.0 if taken[0] is not None else MOMENTUM
+
+
+def run(spec: str, workers: int = 2, optimizer: str = "sgd", lr: float | None = None,
+        spread: float | None = None, freeze_after: int | None = None, seed: int = 0,
+        passes: int = 10) -> list[float]:
+    """Train and return the test accuracy after each pass."""
+    images, labels = map(torch.from_numpy, fashion_mnist.load("train"))
+    test_images, test_labels = map(torch.from_numpy, fashion_mnist.load("test"))
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256),
+                                torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    names = [name for name, _ in model.named_parameters()]
+    params = list(model.parameters())
+    pipelines = build_pipelines(spec, workers)
+    dense = [grace.none() for _ in range(workers)]  # fp32, and a warm-up's exchange
+    kept = take_momentum(pipelines, optimizer)
+    lr = LEARNING_RATES[optimizer] if lr is None else lr
+    if optimizer == "sgd":
+        step_optimizer = torch.optim.SGD(params, lr, momentum=kept)
+    elif freeze_after is None:
+        step_optimizer = torch.optim.Adam(params, lr, betas=(kept, BETAS[1]))
+    else:
+        step_optimizer = FreezableAdam(params, lr, kept)
+    ops = ops_for(params[0])
+    order = [list(range(len(params)))[::-1]]  # backward's order: the last layer's first
+    if pipelines is not None:
+        ready = [params[i] for i in order[0]]
+        order = [[order[0][j] for j in bucket] for bucket in
+                 pipelines[0].buckets([(tuple(p.shape), "float32") for p in ready], ops)]
+    group = InProcessGroup(workers)
+    smoothed = [torch.zeros_like(p) for p in params]
+    shuffle = torch.Generator().manual_seed(seed + 1)
+    steps = len(images) // (workers * BATCH)
+    accuracies = []
+
+    def exchange(rank: int, grads: list[torch.Tensor], compressed: bool) -> list[torch.Tensor]:
+        pipeline = (pipelines if compressed else dense)[rank]
+        collectives = group.worker(rank)
+        started = [pipeline.start_bucket([grads[i] for i in bucket], [names[i] for i in bucket],
+                                         collectives) for bucket in order]
+        results = pipeline.finish_step(started, collectives, 1.0 / workers)
+        out: list = [None] * len(params)
+        for bucket, tensors in zip(order, results):
+            for i, tensor in zip(bucket, tensors):
+                out[i] = tensor
+        return out
+
+    with ThreadPoolExecutor(workers) as pool:
+        for _ in tqdm(range(passes), desc=spec, leave=False):
+            permutation = torch.randperm(len(images), generator=shuffle)
+            for step in range(steps):
+                grads = []
+                for rank in range(workers):
+                    start = (workers * step + rank) * BATCH
+                    batch = permutation[start:start + BATCH]
+                    model.zero_grad()
+                    torch.nn.functional.cross_entropy(model(images[batch]), labels[batch]).backward()
+                    grads.append([p.grad.clone() for p in params])
+                done = getattr(step_optimizer, "step_count", None)
+                compressed = pipelines is not None and (freeze_after is None or done >= freeze_after)
+                if compressed and freeze_after is not None and step_optimizer.frozen_at is None:
+                    step_optimizer.frozen_at = done
+                results = list(pool.map(lambda r: exchange(r, grads[r], compressed), range(workers)))
+                update = results[0]  # every worker gets the same
+                if spread is not None and compressed:
+                    for s, u in zip(smoothed, update):
+                        s.mul_(spread).add_(u, alpha=1 - spread)
+                    update = [s.clone() for s in smoothed]
+                for p, u in zip(params, update):
+                    p.grad = u
+                step_optimizer.step()
+            with torch.no_grad():
+                accuracy = (model(test_images).argmax(1) == test_labels).float().mean().item()
+            accuracies.append(round(accuracy, 4))
+            print(f"{spec} pass {len(accuracies)}: test accuracy {accuracy:.4f}", flush=True)
+    return accuracies
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--spec", default="randomk", help="fp32, or a compare.py compressor spec")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--optimizer", choices=sorted(LEARNING_RATES), default="sgd")
+    parser.add_argument("--lr", type=float, default=None, help="the workload's for the optimizer")
+    parser.add_argument("--spread", type=float, default=None, metavar="BETA")
+    parser.add_argument("--freeze-variance-after", type=int, default=None, metavar="STEPS")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--passes", type=int, default=10, help="passes over the training set")
+    args = parser.parse_args(argv)
+    if args.workers < 1:
+        parser.error(f"--workers must be at least 1, got {args.workers}")
+    if args.spread is not None and not 0 <= args.spread < 1:
+        parser.error(f"--spread must be in [0, 1), got {args.spread}")
+    if args.freeze_variance_after is not None and args.freeze_variance_after < 1:
+        parser.error(f"--freeze-variance-after must be at least 1, got {args.freeze_variance_after}")
+    if args.freeze_variance_after is not None and args.optimizer != "adam":
+        parser.error("--freeze-variance-after freezes Adam's second moment: it needs --optimizer adam")
+    if args.passes < 1:
+        parser.error(f"--passes must be at least 1, got {args.passes}")
+    torch.set_num_threads(1)
+    accuracies = run(args.spec, args.workers, args.optimizer, args.lr, args.spread,
+                     args.freeze_variance_after, args.seed, args.passes)
+    print(json.dumps({"spec": args.spec, "workers": args.workers, "optimizer": args.optimizer,
+                      "lr": args.lr, "spread": args.spread,
+                      "freeze_variance_after": args.freeze_variance_after, "seed": args.seed,
+                      "accuracy": accuracies}))
+
+
+if __name__ == "__main__":
+    main()
