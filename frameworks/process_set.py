@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 from grace.collectives import Solo
+
+
+def log_once(line: str | None, process_set) -> None:
+    """``line`` as one warning of the ``grace`` logger, from the process set's rank 0 only (a
+    wrapper's takeover or caution, said once per job rather than once per worker)."""
+    if line is not None and process_set.included() and process_set.rank() == 0:
+        logging.getLogger("grace").warning(line)
 
 
 class ProcessSetCollectives:

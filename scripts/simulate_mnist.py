@@ -39,16 +39,17 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import compare  # noqa: E402
-import fashion_mnist  # noqa: E402
+import workloads  # noqa: E402
+from compare_worker import ADAM_LR  # noqa: E402
 
 import grace  # noqa: E402
 from grace.backends import InProcessGroup  # noqa: E402
 from grace.momentum import OptimizerMomentum  # noqa: E402
 from grace.ops import ops_for  # noqa: E402
 
-BATCH = 64
-LEARNING_RATES = {"sgd": 0.05, "adam": 1e-3}  # the workload's (scripts/workloads.py)
-MOMENTUM = 0.9
+MNIST = workloads.MNIST
+BATCH, MOMENTUM = MNIST["batch"], MNIST["momentum"]
+LEARNING_RATES = {"sgd": MNIST["lr"], "adam": ADAM_LR}  # as compare_worker.py trains the workload
 BETAS, EPS = (0.9, 0.999), 1e-8
 
 
@@ -98,11 +99,13 @@ def run(spec: str, workers: int = 2, optimizer: str = "sgd", lr: float | None = 
         spread: float | None = None, freeze_after: int | None = None, seed: int = 0,
         passes: int = 10) -> list[float]:
     """Train and return the test accuracy after each pass."""
-    images, labels = map(torch.from_numpy, fashion_mnist.load("train"))
-    test_images, test_labels = map(torch.from_numpy, fashion_mnist.load("test"))
+    images, labels, test_images, test_labels = map(torch.from_numpy, workloads.fashion_mnist())
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256),
-                                torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    widths = [images.shape[1], *MNIST["hidden"], 10]
+    layers: list[torch.nn.Module] = []
+    for inputs, outputs in zip(widths[:-1], widths[1:]):
+        layers += [torch.nn.Linear(inputs, outputs), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers[:-1])  # no ReLU after the output layer
     names = [name for name, _ in model.named_parameters()]
     params = list(model.parameters())
     pipelines = build_pipelines(spec, workers)

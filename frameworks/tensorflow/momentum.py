@@ -6,19 +6,13 @@ optimizer."""
 
 from __future__ import annotations
 
-import logging
-
 import keras
 import tensorflow as tf
 
 from frameworks import internals
+from frameworks.process_set import log_once
 from grace.momentum import OptimizerMomentum
 from grace.pipeline import Pipeline
-
-
-def _log(line: str | None, process_set) -> None:
-    if line is not None and process_set.included() and process_set.rank() == 0:
-        logging.getLogger("grace").warning(line)
 
 
 def take_keras_momentum(optimizer_class, config: dict, compression: Pipeline, process_set) -> dict:
@@ -32,14 +26,14 @@ def take_keras_momentum(optimizer_class, config: dict, compression: Pipeline, pr
             config = {**config, "momentum": 0.0, "nesterov": False}
     elif issubclass(optimizer_class, (keras.optimizers.Adam, keras.optimizers.AdamW)):
         beta1 = float(config.get("beta_1", 0.0))
-        _log(compression.adam_caution(f"keras {optimizer_class.__name__}"), process_set)
+        log_once(compression.adam_caution(f"keras {optimizer_class.__name__}"), process_set)
         line = compression.take_momentum(OptimizerMomentum(beta1, dampening=beta1,
                                                         source="keras Adam's beta_1"), adam=True)
         if line is not None:
             config = {**config, "beta_1": 0.0}
     else:
         return config
-    _log(line, process_set)
+    log_once(line, process_set)
     return config
 
 
@@ -56,11 +50,11 @@ def take_legacy_momentum(optimizer, compression: Pipeline, process_set) -> None:
             internals.set_tf1_setting(optimizer, "nesterov", False)
     elif isinstance(optimizer, tf.compat.v1.train.AdamOptimizer):
         beta1 = float(internals.tf1_setting(optimizer, "beta1"))
-        _log(compression.adam_caution("AdamOptimizer"), process_set)
+        log_once(compression.adam_caution("AdamOptimizer"), process_set)
         line = compression.take_momentum(OptimizerMomentum(beta1, dampening=beta1,
                                                         source="AdamOptimizer's beta1"), adam=True)
         if line is not None:
             internals.set_tf1_setting(optimizer, "beta1", 0.0)
     else:
         return
-    _log(line, process_set)
+    log_once(line, process_set)

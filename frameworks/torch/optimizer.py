@@ -9,7 +9,6 @@ parameter's gradient hook while the backward pass goes on, ``step()`` waits for 
 
 from __future__ import annotations
 
-import logging
 import warnings
 from contextlib import contextmanager
 from typing import Iterable
@@ -18,7 +17,7 @@ import horovod.torch as hvd
 import torch
 
 from frameworks import internals
-from frameworks.process_set import gather_objects
+from frameworks.process_set import gather_objects, log_once
 from frameworks.torch.collectives import HorovodCollectives
 from frameworks.torch.ops import TorchOps
 from grace import agreement, heap
@@ -310,16 +309,11 @@ def _take_momentum(optimizer, compression: Pipeline, process_set) -> str | None:
     if momentum is None:
         return None
     found, adam = momentum
-    lead = process_set.included() and process_set.rank() == 0
-    caution = compression.adam_caution(f"torch.optim.{type(optimizer).__name__}") if adam else None
-    if caution is not None and lead:
-        logging.getLogger("grace").warning(caution)
+    if adam:
+        log_once(compression.adam_caution(f"torch.optim.{type(optimizer).__name__}"), process_set)
     line = compression.take_momentum(found, adam=adam)
-    if line is None:
-        return None
-    if lead:
-        logging.getLogger("grace").warning(line)
-    return "adam" if adam else "sgd"
+    log_once(line, process_set)
+    return None if line is None else "adam" if adam else "sgd"
 
 
 @contextmanager
