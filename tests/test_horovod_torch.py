@@ -130,6 +130,21 @@ def test_horovod_own_compression_is_untouched(gloo_run, tmp_path):
                                atol=TOL, rtol=0)
 
 
+def test_waiting_for_a_late_worker_sleeps_instead_of_spinning(gloo_run):
+    """Horovod's own synchronize spins on sched_yield, taking a core from the workers and threads
+    the wait is for; grace's collectives poll and sleep (frameworks.torch.collectives.wait). The
+    other worker comes 1 s late: Horovod's wait burns about that second of the waiting thread's
+    CPU (a core is free: the other worker sleeps), grace's wait under a tenth of it, ending within
+    the 10% (and 1 ms) its naps allow."""
+    info = json.loads((gloo_run / "waiting.rank0.json").read_text())
+    for way in ("grace", "horovod"):
+        assert info[way]["total"] == [3.0] * 4  # 1 + 2
+        assert info[way]["wall_s"] > 0.8
+    assert info["horovod"]["cpu_s"] > 0.5 * info["horovod"]["wall_s"]  # the method sees a spin
+    assert info["grace"]["cpu_s"] < 0.1 * info["grace"]["wall_s"]
+    assert info["grace"]["wall_s"] < 1.0 * 1.1 + 0.2
+
+
 DETERMINISM = ["topk", "randomk", "catalogue_qsgd", "catalogue_dgc", "catalogue_natural",
                "catalogue_terngrad", "catalogue_powersgd"]
 

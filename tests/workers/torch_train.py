@@ -87,6 +87,26 @@ def train(name, make_compression, steps=args.steps, op=None, passes=1, optimizer
         json.dump(info, f)
 
 
+def waiting(name):
+    """A collective whose other worker comes 1 s late, waited for by grace's collectives and by
+    Horovod's own ``synchronize``: the waiting thread's CPU seconds and the wait's wall seconds."""
+    import time
+
+    from frameworks.torch.collectives import HorovodCollectives
+
+    group = HorovodCollectives()
+    info = {}
+    for way, finish in (("grace", group.synchronize), ("horovod", hvd.synchronize)):
+        if rank == 1:
+            time.sleep(1.0)
+        cpu, wall = time.thread_time(), time.perf_counter()
+        total = finish(group.allreduce_async(torch.full((4,), float(rank + 1)), f"{name}.{way}"))
+        info[way] = {"cpu_s": time.thread_time() - cpu, "wall_s": time.perf_counter() - wall,
+                     "total": total.tolist()}
+    with open(os.path.join(args.outdir, f"{name}.rank{rank}.json"), "w") as f:
+        json.dump(info, f)
+
+
 if args.import_order == "no-grace":
     scenarios = {"hvd_fp16": lambda: train("hvd_fp16", lambda: hvd.Compression.fp16),
                  "hvd_none": lambda: train("hvd_none", lambda: hvd.Compression.none)}
@@ -125,6 +145,7 @@ else:
                                              optimizer="adam", broadcast=True),
         "hvd_fp16": lambda: train("hvd_fp16", lambda: hvd.Compression.fp16),
         "hvd_none": lambda: train("hvd_none", lambda: hvd.Compression.none),
+        "waiting": lambda: waiting("waiting"),
     }
     # Every compressor of the catalogue, with its defaults (sign methods move each weight by the
     # learning rate itself, so they take a smaller one).
