@@ -210,7 +210,10 @@ def treated_as_horovods_optimizer(cls: type) -> type:
     """``cls``, presented as Horovod's optimizer wrapper: ``hvd.broadcast_optimizer_state`` then
     steps the wrapped optimizer without communicating, as it does for Horovod's own."""
     check_version("horovod")
-    cls.__module__ = original("horovod.torch", "DistributedOptimizer").__module__
+    # The very name hvd.broadcast_optimizer_state compares with (horovod.torch.functions imports it
+    # from horovod.torch.optimizer): hvd.DistributedOptimizer may be another wrapper by then (a
+    # user's or a test harness's, around grace's routing), whose module is its own.
+    cls.__module__ = original("horovod.torch.optimizer", "DistributedOptimizer").__module__
     return cls
 
 

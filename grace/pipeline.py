@@ -273,6 +273,14 @@ class Pipeline:
         estimate = self.compressor.payload_nbytes(tuple(shape), itemsize)
         return "compressed" if estimate is None or estimate < numel * itemsize else "dense"
 
+    @property
+    def starts_waiting(self) -> bool:
+        """Whether starting a bucket waits for the other workers: a vote on the payload's form
+        (``agrees_on_form``), or the host's dense sum (``hierarchical``). Such a start must come in
+        the same order on every worker, which backward's hooks do not promise (a worker whose graph
+        skips a parameter completes its buckets in another order, or in ``synchronize``)."""
+        return self.hierarchical or self.compressor.agrees_on_form
+
     def compresses(self, shape: tuple[int, ...], dtype: str, ops: Ops) -> bool:
         """Whether a tensor of this shape and dtype is compressed, or travels dense."""
         return self.plan(shape, dtype, ops) == "compressed"

@@ -157,7 +157,14 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
 
     def _may_start(self, bucket) -> bool:
         """Whether a bucket may start from a hook: always once the workers agreed which
-        gradients are sparse; before (the first step), if all its gradients are dense."""
+        gradients are sparse; before (the first step), if all its gradients are dense. Never
+        where starting waits for the other workers (``Pipeline.starts_waiting``): then every
+        bucket starts in ``synchronize``, in the same order on every worker. From a hook, a worker
+        whose backward skips a parameter (Horovod's forced allreduce of a missing gradient) would
+        wait in one bucket's vote while another waits in a different collective, each for the
+        other (Horovod's own test_force_allreduce hung so with threshold)."""
+        if self._pipeline.starts_waiting:
+            return False
         return bool(self._sparse) or all(p.grad is not None and not p.grad.is_sparse for p in bucket)
 
     def _retake_momentum(self) -> None:

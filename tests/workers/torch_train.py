@@ -107,6 +107,26 @@ def waiting(name):
         json.dump(info, f)
 
 
+def forced(name, make_compression):
+    """Horovod's forced allreduce: rank 0's loss leaves out the second layer, whose gradient then
+    comes from no hook on rank 0 but from every hook on rank 1 (Horovod's test_force_allreduce)."""
+    torch.manual_seed(0)
+    first, second = torch.nn.Linear(6, 4), torch.nn.Linear(4, 4)
+    params = list(first.named_parameters(prefix="first")) + list(second.named_parameters(prefix="second"))
+    initial = second.weight.detach().clone().numpy()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([p for _, p in params], lr=0.1),
+                                   named_parameters=params, compression=make_compression())
+    for step in range(3):
+        x = torch.randn(8, 6, generator=torch.Generator().manual_seed(10 * step + rank))
+        h = first(x)
+        loss = (h ** 2).sum() if rank == 0 else (second(h) ** 2).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    np.savez(os.path.join(args.outdir, f"{name}.rank{rank}.npz"), initial_second=initial,
+             **{n: p.detach().numpy() for n, p in params})
+
+
 if args.import_order == "no-grace":
     scenarios = {"hvd_fp16": lambda: train("hvd_fp16", lambda: hvd.Compression.fp16),
                  "hvd_none": lambda: train("hvd_none", lambda: hvd.Compression.none)}
@@ -146,6 +166,9 @@ else:
         "hvd_fp16": lambda: train("hvd_fp16", lambda: hvd.Compression.fp16),
         "hvd_none": lambda: train("hvd_none", lambda: hvd.Compression.none),
         "waiting": lambda: waiting("waiting"),
+        # Compressions whose bucket starts with a vote (threshold, INCEPTIONN) or a host's sum.
+        "forced_threshold": lambda: forced("forced_threshold", lambda: grace.threshold(min_numel=0)),
+        "forced_inceptionn": lambda: forced("forced_inceptionn", lambda: grace.inceptionn(min_numel=0)),
     }
     # Every compressor of the catalogue, with its defaults (sign methods move each weight by the
     # learning rate itself, so they take a smaller one).
