@@ -72,8 +72,6 @@ def wait(handle: int) -> None:
     ``hierarchical=True`` took 7.3 s a step spinning and 0.84 s asleep (docs/performance.md,
     "Waiting for Horovod"). Each nap is a tenth of the time waited so far, from 50 us to 1 ms,
     so a wait ends at most ~10% (and 1 ms) after its operation."""
-    if hvd.poll(handle):
-        return
     start = time.perf_counter()
     while not hvd.poll(handle):
         waited = time.perf_counter() - start
