@@ -55,13 +55,19 @@ class HostExchange:
     single: bool = False
 
 
-def _joined(tensors: Sequence[Tensor], group: Collectives, start_one: Callable, ops: Ops) -> list:
-    """``tensors`` through one collective of ``group`` per dtype (``start_one(buffer, k)`` starts
-    the one of buffer ``k``), back in their shapes."""
+def _start_joined(tensors: Sequence[Tensor], start_one: Callable, ops: Ops) -> tuple:
+    """``tensors`` into one collective per dtype (``start_one(buffer, k)`` starts the one of
+    buffer ``k``); ``_joined`` waits for them."""
     buffers, layout = pack_sums([(i, ops.flatten(t)) for i, t in enumerate(tensors)], None, ops)
-    handles = [start_one(b, k) for k, b in enumerate(buffers)]
+    return [start_one(b, k) for k, b in enumerate(buffers)], layout, [ops.shape(t) for t in tensors]
+
+
+def _joined(started: tuple, group: Collectives, ops: Ops) -> list:
+    """The tensors of ``_start_joined`` as the collectives of ``group`` gave them back, in their
+    shapes."""
+    handles, layout, shapes = started
     parts, _ = unpack_sums([group.synchronize(h) for h in handles], layout, ops)
-    return [ops.reshape(parts[i], ops.shape(t)) for i, t in enumerate(tensors)]
+    return [ops.reshape(parts[i], shape) for i, shape in enumerate(shapes)]
 
 
 def start(tensors: Sequence[Tensor], names: Sequence[str], group: Collectives, ops: Ops,
@@ -73,7 +79,8 @@ def start(tensors: Sequence[Tensor], names: Sequence[str], group: Collectives, o
     tag = bucket_tag(names)
     sums = list(tensors)
     if local.size > 1:
-        sums = _joined(sums, local, lambda b, k: local.allreduce_async(b, f"{tag}.host{k}"), ops)
+        sums = _joined(_start_joined(sums, lambda b, k: local.allreduce_async(b, f"{tag}.host{k}"),
+                                     ops), local, ops)
         count(sum(ops.nbytes(t) for t in tensors))
     owner = owner_of(tag, local.size)
     inner = None
@@ -102,14 +109,17 @@ def finish(exchanges: Sequence[HostExchange], group: Collectives, scale: float, 
     poisoned = ops.nan_if(ops.is_set(flag), ops.zeros(1, "float32", like=flag))
     owned = [e for e in exchanges if e.inner is not None]
     finished = iter(finish_flat([e.inner for e in owned], cross, scale, [poisoned]) if owned else [])
+    # Every bucket's results start back into the hosts before any is waited for.
+    shared = [None if cross.size == 1 else
+              _share(exchange, next(finished) if exchange.inner is not None else None, local, ops)
+              for exchange in exchanges]
     results = []
-    for exchange in exchanges:
+    for exchange, sharing in zip(exchanges, shared):
         if cross.size == 1:  # one host: nothing to compress between hosts
             mine = [ops.nan_if(ops.is_set(flag), ops.scale(t, scale) if scale != 1.0 else t)
                     for t in exchange.sums]
         else:
-            mine = _shared(exchange, next(finished) if exchange.inner is not None else None,
-                           local, ops)
+            mine = sharing if local.size == 1 else _joined(sharing, local, ops)
         results.append(mine[0] if exchange.single else mine)
     if local.size > 1 and cross.size > 1:
         # The step's last operations ran within the hosts. A worker that left the step now could
@@ -121,10 +131,11 @@ def finish(exchanges: Sequence[HostExchange], group: Collectives, scale: float, 
     return results
 
 
-def _shared(exchange: HostExchange, results: Any, local: Collectives, ops: Ops) -> list:
-    """The owner's results of one bucket, on every worker of its host (a broadcast per dtype)."""
+def _share(exchange: HostExchange, results: Any, local: Collectives, ops: Ops) -> Any:
+    """The owner's results of one bucket started back to every worker of its host (a broadcast
+    per dtype, for ``_joined``); on a host of one worker, the results themselves."""
     if local.size == 1:
         return list(results)
     tensors = results if results is not None else exchange.sums  # the others receive into these
-    return _joined(tensors, local, lambda b, k: local.broadcast_async(
+    return _start_joined(tensors, lambda b, k: local.broadcast_async(
         b, exchange.owner, f"{exchange.tag}.shared{k}"), ops)
