@@ -565,6 +565,10 @@ def report(args, rank, size, samples, compute_s, compress_s, dist_step, evaluate
               "epochs": epochs}
     if pipeline is not None:
         result["communicator"] = pipeline.communicator.resolve(size).name
+        if result["communicator"] == "alltoall":  # the cost model's input (scripts/cost_model.py)
+            from grace.communicators.alltoall import owner_share
+
+            result["owner_share"] = owner_share(pipeline.compressor)
         result["received_per_step"] = float(np.mean([e["received_per_step"] for e in epochs]))
     wire = [e["wire_bytes_per_step"] for e in epochs if "wire_bytes_per_step" in e]
     if wire:

@@ -9,8 +9,10 @@ worker per host and n hosts:
 - **allgather** (ring) of P bytes per worker: each worker sends and receives ``(n-1) · P`` in
   ``n-1`` hops: ``(n-1) α + (n-1) P / β``. Its bytes grow with n.
 - **all-to-all + all-gather** (``communicator="alltoall"``: shards to their owners, each
-  owner re-compresses its shard, the shards gathered): ``2 (n-1)/n · P`` per worker in
-  ``2 (n-1)`` hops, flat in n like the ring allreduce.
+  owner re-compresses its shard, the shards gathered): ``(1 + s) (n-1)/n · P`` per worker in
+  ``2 (n-1)`` hops, flat in n like the ring allreduce; ``s``, the owners' share
+  (``grace.communicators.alltoall.owner_share``: 1 where an owner encodes as the workers do, 2
+  for top-k's owners, which keep twice the workers' share, and for a sign vote's 2-bit codes).
 
 A step is the compute, the compression (encode once; decode once after an allreduce, once per
 worker's payload after an allgather, about twice after the two stages, whose owners also
@@ -77,12 +79,14 @@ class Codec:
     decode_s: float
     communicator: str  # its own: "allreduce" (summable payloads) or "allgather"
     rounds: int = 1
+    owner_share: float = 1.0  # through the owners: what an owner sends on per byte it received
 
 
 def collective(kind: str, n: int, nbytes: float, rate: float, alpha: float = ALPHA_S,
-               hop: float = HOP_S) -> tuple[float, float]:
+               hop: float = HOP_S, owner_share: float = 1.0) -> tuple[float, float]:
     """(seconds, bytes each worker sends, equal to what it receives) of one collective of
-    ``nbytes`` per worker among ``n`` workers on links of ``rate`` bytes/s."""
+    ``nbytes`` per worker among ``n`` workers on links of ``rate`` bytes/s (``owner_share``: the
+    owners' second stage per byte of the first, through the owners)."""
     if n < 2:
         return 0.0, 0.0
     if kind == "allreduce":
@@ -90,7 +94,7 @@ def collective(kind: str, n: int, nbytes: float, rate: float, alpha: float = ALP
     elif kind == "allgather":
         sent, hops = (n - 1) * nbytes, n - 1
     elif kind == "alltoall":  # all-to-all of the shards, then all-gather of the re-encoded ones
-        sent, hops = 2 * (n - 1) / n * nbytes, 2 * (n - 1)
+        sent, hops = (1 + owner_share) * (n - 1) / n * nbytes, 2 * (n - 1)
     else:
         raise ValueError(f"kind must be one of {', '.join(COMMUNICATORS)}, got {kind!r}")
     return alpha + hops * hop + sent / rate, sent
@@ -103,14 +107,15 @@ def step(codec: Codec, kind: str, n: int, rate: float, compute_s: float, collect
     seconds = sent = 0.0
     for _ in range(codec.rounds):
         for _ in range(collectives):
-            t, b = collective(kind, n, codec.payload / (collectives * codec.rounds), rate, alpha)
+            t, b = collective(kind, n, codec.payload / (collectives * codec.rounds), rate, alpha,
+                              owner_share=codec.owner_share)
             seconds, sent = seconds + t, sent + b
     if kind == "allreduce":
         coding = codec.encode_s + codec.decode_s
     elif kind == "allgather":
         coding = codec.encode_s + n * codec.decode_s
     else:  # decode the n shards (one payload's worth), re-encode one, decode the n re-encoded
-        coding = codec.encode_s * (1 + 1 / n) + 2 * codec.decode_s
+        coding = codec.encode_s * (1 + 1 / n) + (1 + codec.owner_share) * codec.decode_s
     if n < 2:
         coding = 0.0
     return {"step_s": compute_s + coding + seconds, "exchange_s": seconds, "coding_s": coding,
@@ -133,6 +138,7 @@ def codecs(bench_path: str = BENCH) -> dict[str, Codec]:
     """Every compressor's ``Codec`` on ResNet-50's gradients from ``make bench``'s JSON (PyTorch,
     CPU, one thread), and Horovod's dense fp32 allreduce."""
     import grace
+    from grace.communicators.alltoall import owner_share
 
     with open(bench_path) as f:
         rows = json.load(f)["catalogue"]
@@ -145,7 +151,7 @@ def codecs(bench_path: str = BENCH) -> dict[str, Codec]:
         pipeline = grace.build(name)
         out[name] = Codec(name, row["payload_bytes"], row["compress_s"], row["decompress_s"],
                           pipeline.communicator.resolve(2).name,  # "auto" gathers at 2
-                          pipeline.compressor.rounds)
+                          pipeline.compressor.rounds, owner_share(pipeline.compressor))
     return out
 
 
@@ -199,10 +205,16 @@ def _measured_runs(paths: list[str], codec_map: dict[str, Codec]):
 
 def _predicted_exchange(run: dict, name: str, kind: str, codec_map: dict[str, Codec],
                         rate: float) -> dict:
-    """The model's exchange of a measured run, from its own payload (its coding is measured)."""
+    """The model's exchange of a measured run, from its own payload (its coding is measured).
+    Through the owners a worker hands Horovod ``(n-1)/n`` of its payload and its own re-encoded
+    shard, ``s/n`` of one (``bytes_per_step``), with ``s`` the owners' share the run recorded; a
+    run recorded before it did ran with owners that kept the workers' share, ``s = 1``."""
     base = codec_map[name]
-    codec = Codec(name, run["bytes_per_step"], 0.0, 0.0, base.communicator, base.rounds)
-    return step(codec, kind, run["workers"], rate, 0.0, collectives_per_round(name))
+    share, n, payload = run.get("owner_share", 1.0), run["workers"], run["bytes_per_step"]
+    if kind == "alltoall":
+        payload = payload * n / (n - 1 + share)
+    codec = Codec(name, payload, 0.0, 0.0, base.communicator, base.rounds, share)
+    return step(codec, kind, n, rate, 0.0, collectives_per_round(name))
 
 
 def host_overheads(paths: list[str], codec_map: dict[str, Codec]) -> dict[tuple, float]:

@@ -119,10 +119,11 @@ def two_stage_topk(ratio, workers, owner_ratio=None):
     its residual) into ``workers`` shards (sizes differing by at most one, the larger first) and
     keeps the top-k of each shard (``k = max(16, int(ratio * shard))``), its residual the rest;
     each shard's owner adds up the workers' sparse shards and its own residual, keeps the top-k of
-    that (at ``owner_ratio``, ``ratio`` unless given), its residual the rest; the kept shards,
-    joined, are the sum every worker receives. Returns ``exchange(name, step, gradients) -> sum``
-    for ``simulate``."""
+    that (at ``owner_ratio``, twice ``ratio`` unless given: ``OWNERS_KEEP``), its residual the
+    rest; the kept shards, joined, are the sum every worker receives. Returns
+    ``exchange(name, step, gradients) -> sum`` for ``simulate``."""
     residuals, owners = {}, {}
+    owner_ratio = min(1.0, 2 * ratio) if owner_ratio is None else owner_ratio
 
     def keep_top(x, fraction=ratio):
         k = min(x.size, max(16, int(fraction * x.size)))
@@ -147,7 +148,7 @@ def two_stage_topk(ratio, workers, owner_ratio=None):
         out = []
         for j, total in enumerate(totals):
             t = total + owners.get((name, j), 0.0)
-            sent = keep_top(t, ratio if owner_ratio is None else owner_ratio)
+            sent = keep_top(t, owner_ratio)
             owners[(name, j)] = t - sent
             out.append(sent)
         return np.concatenate(out).reshape(shape)

@@ -31,6 +31,15 @@ def test_bytes_per_worker_follow_the_schedules(n):
     assert two_stage < 2 * MB
 
 
+@pytest.mark.parametrize("n", [2, 4, 64])
+def test_owners_that_keep_more_move_more_and_stay_flat(n):
+    """Through the owners with a share ``s`` (top-k's owners keep twice the workers' share):
+    ``(1 + s)(n-1)/n`` of the payload, still below ``1 + s`` payloads at any n."""
+    _, two_stage = cost_model.collective("alltoall", n, MB, RATE, owner_share=2.0)
+    assert two_stage == pytest.approx(3 * (n - 1) / n * MB)
+    assert two_stage < 3 * MB
+
+
 def test_time_is_latency_plus_bytes_over_the_rate():
     seconds, sent = cost_model.collective("allgather", 4, 10 * MB, RATE, alpha=1e-3, hop=1e-4)
     assert seconds == pytest.approx(1e-3 + 3 * 1e-4 + 30 * MB / RATE)
@@ -93,6 +102,24 @@ def test_an_unshaped_run_checks_the_bytes_only(tmp_path):
     assert "step_error" not in row and row["communicator"] == "alltoall"
     sent = 2 * 3 / 4 * (2 * MB)
     assert row["predicted_link_bytes"] == pytest.approx(2 * sent + cost_model.CONTROL_BYTES_PER_S)
+
+
+def test_a_run_through_owners_that_keep_more_is_modelled_with_its_share(tmp_path):
+    """A run that recorded its owners' share ``s``: a worker handed Horovod ``(n-1)/n`` of its
+    payload ``P`` and its own re-encoded shard, ``s/n`` of one (``bytes_per_step``), and moves
+    ``(1 + s)(n-1)/n`` of ``P`` each way. A run that recorded none ran with ``s = 1``."""
+    codec = cost_model.Codec("topk", 2 * MB, 0.0, 0.0, "allgather")
+    payload = 2 * MB
+    common = dict(rate="unshaped", workers=4, communicator="alltoall", compression_s=0.1,
+                  compression=json.dumps({"compressor": "topk", "communicator": "alltoall"}),
+                  wire_bytes_per_step=6.5 * MB)
+    row = validated(tmp_path, codec, **common, owner_share=2.0,
+                    bytes_per_step=(3 / 4 + 2 / 4) * payload)
+    sent = 3 * 3 / 4 * payload
+    assert row["predicted_link_bytes"] == pytest.approx(2 * sent + cost_model.CONTROL_BYTES_PER_S)
+    row = validated(tmp_path, codec, **common, bytes_per_step=payload)
+    assert row["predicted_link_bytes"] == pytest.approx(2 * 2 * 3 / 4 * payload
+                                                        + cost_model.CONTROL_BYTES_PER_S)
 
 
 def test_an_unshaped_run_gives_the_host_overhead_of_its_timed_twin(tmp_path):

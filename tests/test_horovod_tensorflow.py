@@ -62,16 +62,16 @@ def test_keras_accumulation_combines_once_per_update(tf_run):
 
 
 # communicator="alltoall": a step's bytes per worker (W: 640 elements a shard, top-k 32 of each):
-# its shard for the other worker, 32 values and indices, and its owner's shard re-encoded, with their
-# two lengths; b dense.
-ALLTOALL_BYTES = STEPS * (32 * 8 + (32 * 8 + 2 * 4) + 8 * 4)
+# its shard for the other worker, 32 values and indices, and its owner's shard re-encoded (64: the
+# owners keep twice the workers' share), with their two lengths; b dense.
+ALLTOALL_BYTES = STEPS * (32 * 8 + (64 * 8 + 2 * 4) + 8 * 4)
 
 
 @pytest.mark.parametrize("run", ["tape_eager_topk_alltoall", "tape_function_topk_alltoall"])
 def test_tape_through_shard_owners_matches_the_two_stage_model(tf_run, run):
     infos = check(tf_run, run, reference.simulate(exchange=reference.two_stage_topk(0.05, 2)))
     assert infos[0]["stats"]["bytes_sent"] == ALLTOALL_BYTES
-    assert infos[0]["stats"]["bytes_received"] == STEPS * (32 * 8 * 2 + 8 * 4)
+    assert infos[0]["stats"]["bytes_received"] == STEPS * (32 * 8 + 64 * 8 + 8 * 4)
 
 
 def test_keras_through_shard_owners_matches_the_two_stage_model(tf_run):

@@ -53,20 +53,21 @@ def test_topk_through_shard_owners_matches_the_two_stage_model(gloo_run):
     feedback on both sides (reference.two_stage_topk)."""
     infos = check(gloo_run, "topk_alltoall",
                   reference.simulate(exchange=reference.two_stage_topk(0.05, 2)))
-    # W's shard for the other worker (32 values and indices), then its own shard re-encoded (with
-    # its two lengths); b dense. Received: the other worker's shard and the other owner's.
-    assert infos[0]["stats"]["bytes_sent"] == 10 * (32 * 8 + 32 * 8 + 2 * 4 + 8 * 4)
-    assert infos[0]["stats"]["bytes_received"] == 10 * (32 * 8 * 2 + 8 * 4)
+    # W's shard for the other worker (32 values and indices), then its own shard re-encoded (64:
+    # the owners keep twice the workers' share; with its two lengths); b dense. Received: the
+    # other worker's shard and the other owner's.
+    assert infos[0]["stats"]["bytes_sent"] == 10 * (32 * 8 + 64 * 8 + 2 * 4 + 8 * 4)
+    assert infos[0]["stats"]["bytes_received"] == 10 * (32 * 8 + 64 * 8 + 8 * 4)
 
 
 def test_four_workers_through_shard_owners(tmp_path):
-    """4 Gloo workers: shards of 320 elements, top-k 16 of each; a worker's bytes are those of two
-    workers, where gathering would receive three payloads."""
+    """4 Gloo workers: shards of 320 elements, top-k 16 of each, the owners keeping 32; a worker
+    receives 2.25 payloads' worth, where gathering would receive three."""
     horovodrun(WORKER, str(tmp_path), "--scenarios", "topk_alltoall", np=4)
     infos = check(tmp_path, "topk_alltoall",
                   reference.simulate(workers=4, exchange=reference.two_stage_topk(0.05, 4)), ranks=4)
-    assert infos[0]["stats"]["bytes_sent"] == 10 * (3 * 16 * 8 + 16 * 8 + 2 * 4 + 8 * 4)
-    assert infos[0]["stats"]["bytes_received"] == 10 * (2 * 3 * 16 * 8 + 8 * 4)
+    assert infos[0]["stats"]["bytes_sent"] == 10 * (3 * 16 * 8 + 32 * 8 + 2 * 4 + 8 * 4)
+    assert infos[0]["stats"]["bytes_received"] == 10 * (3 * 16 * 8 + 3 * 32 * 8 + 8 * 4)
 
 
 def test_topk_with_sum_op(gloo_run):
