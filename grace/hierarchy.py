@@ -109,18 +109,17 @@ def finish(exchanges: Sequence[HostExchange], group: Collectives, scale: float, 
     poisoned = ops.nan_if(ops.is_set(flag), ops.zeros(1, "float32", like=flag))
     owned = [e for e in exchanges if e.inner is not None]
     finished = iter(finish_flat([e.inner for e in owned], cross, scale, [poisoned]) if owned else [])
-    # Every bucket's results start back into the hosts before any is waited for.
-    shared = [None if cross.size == 1 else
-              _share(exchange, next(finished) if exchange.inner is not None else None, local, ops)
-              for exchange in exchanges]
-    results = []
-    for exchange, sharing in zip(exchanges, shared):
-        if cross.size == 1:  # one host: nothing to compress between hosts
-            mine = [ops.nan_if(ops.is_set(flag), ops.scale(t, scale) if scale != 1.0 else t)
-                    for t in exchange.sums]
-        else:
-            mine = sharing if local.size == 1 else _joined(sharing, local, ops)
-        results.append(mine[0] if exchange.single else mine)
+    if cross.size == 1:  # one host: nothing to compress between hosts
+        mine = [[ops.nan_if(ops.is_set(flag), ops.scale(t, scale) if scale != 1.0 else t)
+                 for t in exchange.sums] for exchange in exchanges]
+    else:
+        owners = [next(finished) if exchange.inner is not None else None for exchange in exchanges]
+        if local.size == 1:  # every worker owns its buckets
+            mine = [list(r) for r in owners]
+        else:  # every bucket's results start back into the hosts before any is waited for
+            started = [_share(exchange, r, local, ops) for exchange, r in zip(exchanges, owners)]
+            mine = [_joined(s, local, ops) for s in started]
+    results = [m[0] if exchange.single else m for exchange, m in zip(exchanges, mine)]
     if local.size > 1 and cross.size > 1:
         # The step's last operations ran within the hosts. A worker that left the step now could
         # leave the job while another host still shares its results, and Horovod shuts every
@@ -131,11 +130,9 @@ def finish(exchanges: Sequence[HostExchange], group: Collectives, scale: float, 
     return results
 
 
-def _share(exchange: HostExchange, results: Any, local: Collectives, ops: Ops) -> Any:
+def _share(exchange: HostExchange, results: Any, local: Collectives, ops: Ops) -> tuple:
     """The owner's results of one bucket started back to every worker of its host (a broadcast
-    per dtype, for ``_joined``); on a host of one worker, the results themselves."""
-    if local.size == 1:
-        return list(results)
+    per dtype, for ``_joined``); ``results`` is None on the host's other workers."""
     tensors = results if results is not None else exchange.sums  # the others receive into these
     return _start_joined(tensors, lambda b, k: local.broadcast_async(
         b, exchange.owner, f"{exchange.tag}.shared{k}"), ops)
