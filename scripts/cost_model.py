@@ -12,7 +12,8 @@ worker per host and n hosts:
   owner re-compresses its shard, the shards gathered): ``(1 + s) (n-1)/n · P`` per worker in
   ``2 (n-1)`` hops, flat in n like the ring allreduce; ``s``, the owners' share
   (``grace.communicators.alltoall.owner_share``: 1 where an owner encodes as the workers do, 2
-  for top-k's owners, which keep twice the workers' share, and for a sign vote's 2-bit codes).
+  for top-k's owners, which keep twice the workers' share, for 1-bit's, which send two passes,
+  and for a sign vote's 2-bit codes).
 
 A step is the compute, the compression (encode once; decode once after an allreduce, once per
 worker's payload after an allgather, about twice after the two stages, whose owners also
@@ -252,6 +253,8 @@ def validate(paths: list[str], codec_map: dict[str, Codec]) -> list[dict]:
         measured_exchange = run["step_s"] - run["compute_s"] - run["compression_s"]
         row = {"source": os.path.relpath(path, ROOT), "compressor": name, "communicator": kind,
                "rate": run["rate"], "workers": n, "measured_step_ms": 1e3 * run["step_s"]}
+        if kind == "alltoall":
+            row["owner_share"] = run.get("owner_share", 1.0)
         if timed:
             row.update(predicted_step_ms=1e3 * (run["step_s"] - measured_exchange
                                                 + predicted["exchange_s"]),
@@ -311,33 +314,44 @@ def speedup_table(rows: list[dict], sizes, rates) -> str:
 
 
 def bytes_plot(checked: list[dict], path: str) -> None:
-    """Measured bytes on a host's link per step against the number of hosts, relative to the same
-    route's at 2 hosts: one panel per compressor, a line per route (solid: gathered, dashed:
-    all-to-all + all-gather; the model's prediction as hollow markers), Horovod's fp32 ring
-    allreduce in grey in every panel. Absolute megabytes at the largest size in the legend."""
+    """Measured bytes on a host's link per step against the number of hosts, on unshaped links,
+    relative to the same route's at 2 hosts: one panel per compressor, a line per route (solid:
+    gathered; dashed: all-to-all + all-gather, one line per owners' share where runs of both were
+    made; the model's prediction as hollow markers), Horovod's fp32 ring allreduce in grey in every
+    panel. Absolute megabytes at the largest size in the legend; where several runs measured the
+    same set-up, the last one listed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in checked if "measured_link_bytes" in r]
+    rows = [r for r in checked if "measured_link_bytes" in r and r["rate"] == "unshaped"]
     names = sorted({r["compressor"] for r in rows} - {"fp32"})
     if not names:
         return
     fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.4), squeeze=False,
                              sharey=True)
-    styles = {"allgather": ("-", "tab:red", "o"), "alltoall": ("--", "tab:blue", "s"),
-              "allreduce": ("-", "0.6", "D")}
+    styles = {"allgather": ("-", "tab:red", "o"), "allreduce": ("-", "0.6", "D")}
+    shared = [("--", "tab:blue", "s"), ("-.", "tab:green", "^"), (":", "tab:purple", "v")]
+
+    def line_of(r):
+        return r["compressor"], r["communicator"], r.get("owner_share")
+
     for ax, name in zip(axes.flat, names):
-        for compressor, kind in [("fp32", "allreduce")] + [(name, k) for k in ("allgather", "alltoall")]:
-            mine = sorted((r for r in rows if r["compressor"] == compressor and r["communicator"] == kind),
-                          key=lambda r: r["workers"])
-            if not mine:
-                continue
-            style, color, marker = styles[kind]
+        lines = sorted({line_of(r) for r in rows if r["compressor"] in ("fp32", name)},
+                       key=lambda k: (k[0] != "fp32", k[1], k[2] or 0))
+        for compressor, kind, share in lines:
+            by_hosts = {r["workers"]: r for r in rows if line_of(r) == (compressor, kind, share)}
+            mine = [by_hosts[h] for h in sorted(by_hosts)]
+            if kind == "alltoall":
+                shares = sorted({k[2] for k in lines if k[1] == "alltoall"})
+                style, color, marker = shared[shares.index(share) % len(shared)]
+                how = f"alltoall, owners' share {share:.0f}" if len(shares) > 1 else kind
+            else:
+                (style, color, marker), how = styles[kind], kind
             base = mine[0]["measured_link_bytes"]
             hosts = [r["workers"] for r in mine]
-            label = (f"{'fp32 ring' if compressor == 'fp32' else kind}: "
+            label = (f"{'fp32 ring' if compressor == 'fp32' else how}: "
                      f"{mine[-1]['measured_link_bytes'] / 1e6:.1f} MB at {hosts[-1]}")
             ax.plot(hosts, [r["measured_link_bytes"] / base for r in mine], style, color=color,
                     marker=marker, label=label)

@@ -5,6 +5,10 @@ value of each and its difference to the first route.
 
     .venv/bin/python scripts/plot_routes.py docs/results/alltoall/mnist-4workers.json \\
         --out docs/results/alltoall/mnist-4workers.png
+
+With ``--seeds``, runs of several seeds (``compare.py --seed``): per compressor and route, the
+difference to the first route's run of the same seed (the mean of its runs where a seed has
+several), final and over the last 3 epochs, one marker per seed and the mean over seeds.
 """
 
 from __future__ import annotations
@@ -30,15 +34,19 @@ def route(spec: str) -> tuple[str, str]:
     return name, extra or "default"
 
 
+def metrics(runs: list[dict]):
+    """(compressor, route, metric per epoch, run) of each successful run."""
+    for run in runs:
+        if run.get("status") == "ok":
+            key = compare.METRIC[run["workload"]][0]
+            yield (*route(run["compression"]), [e[key] for e in run["epochs"]], run)
+
+
 def curves(runs: list[dict]) -> dict:
     """{compressor: {route: [metric per epoch]}} of the successful runs."""
     out: dict = {}
-    for run in runs:
-        if run.get("status") != "ok":
-            continue
-        key = compare.METRIC[run["workload"]][0]
-        name, how = route(run["compression"])
-        out.setdefault(name, {})[how] = [e[key] for e in run["epochs"]]
+    for name, how, metric, _ in metrics(runs):
+        out.setdefault(name, {})[how] = metric
     return out
 
 
@@ -85,12 +93,93 @@ def plot(by_name: dict, path: str, ylabel: str) -> None:
     plt.close(fig)
 
 
+def seed_differences(runs: list[dict]) -> dict:
+    """{compressor: {route: {seed: (final, mean of the last 3)}}}, each a difference in points to
+    the compressor's first route at the same seed (its runs averaged); seeds the first route
+    lacks are left out."""
+    values: dict = {}
+    for name, how, metric, run in metrics(runs):
+        per_seed = values.setdefault(name, {}).setdefault(how, {})
+        per_seed.setdefault(run.get("seed", 0), []).append((metric[-1], sum(metric[-3:]) / len(metric[-3:])))
+    out: dict = {}
+    for name, routes in values.items():
+        first, *others = routes
+        base = {seed: _mean(got) for seed, got in routes[first].items()}
+        for how in others:
+            out.setdefault(name, {})[how] = {
+                seed: tuple(100 * (m - b) for m, b in zip(_mean(got), base[seed]))
+                for seed, got in sorted(routes[how].items()) if seed in base}
+    return out
+
+
+def _mean(pairs: list[tuple]) -> tuple:
+    """The element-wise mean of a seed's (final, last 3) pairs."""
+    return tuple(sum(v) / len(v) for v in zip(*pairs))
+
+
+def seeds_table(diffs: dict) -> str:
+    lines = ["| compressor | route | seeds | final, per seed | mean | last 3, per seed | mean |",
+             "|---|---|---:|---|---:|---|---:|"]
+    for name, routes in diffs.items():
+        for how, by_seed in routes.items():
+            finals = [v[0] for v in by_seed.values()]
+            lasts = [v[1] for v in by_seed.values()]
+            lines.append(f"| {name} | {how} | {len(by_seed)} | {' / '.join(f'{v:+.2f}' for v in finals)} | "
+                         f"**{sum(finals) / len(finals):+.2f}** | {' / '.join(f'{v:+.2f}' for v in lasts)} | "
+                         f"**{sum(lasts) / len(lasts):+.2f}** |")
+    return "\n".join(lines)
+
+
+SEED_MARKERS = "osD^vP*Xhp<>"
+
+
+def plot_seeds(diffs: dict, path: str) -> None:
+    """Per compressor two panels (final, last 3 epochs): a column per route, a marker per seed,
+    a bar at the mean."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(diffs)
+    fig, axes = plt.subplots(len(names), 2, figsize=(11, 3.2 * len(names)), squeeze=False, sharey=True)
+    seeds = sorted({seed for routes in diffs.values() for by in routes.values() for seed in by})
+    colors = plt.cm.tab10.colors
+    for row, name in zip(axes, names):
+        routes = diffs[name]
+        for panel, (ax, label) in enumerate(zip(row, ("final", "mean of the last 3 epochs"))):
+            for x, by_seed in enumerate(routes.values()):
+                for seed, value in by_seed.items():
+                    i = seeds.index(seed)
+                    ax.scatter(x + 0.06 * (i - len(seeds) / 2), value[panel], color=colors[i % 10],
+                               marker=SEED_MARKERS[i % len(SEED_MARKERS)], s=22,
+                               label=f"seed {seed}" if x == 0 else None)
+                mean = sum(v[panel] for v in by_seed.values()) / len(by_seed)
+                ax.hlines(mean, x - 0.3, x + 0.3, color="black", lw=2, label="mean" if x == 0 else None)
+            ax.axhline(0, color="0.6", lw=1)
+            ax.set_xticks(range(len(routes)), [how.replace(", ", "\n") for how in routes], fontsize=7)
+            ax.set_title(f"{name}: {label}", fontsize=9)
+            ax.grid(axis="y", alpha=0.3)
+        row[0].set_ylabel("points against the first route")
+        row[0].legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("results", nargs="+", help="compare.py results.json files")
     parser.add_argument("--out", required=True, help="the PNG to write")
+    parser.add_argument("--seeds", action="store_true",
+                        help="differences to the first route seed by seed (runs of several seeds)")
     args = parser.parse_args(argv)
     runs = [run for path in args.results for run in json.load(open(path))]
+    if args.seeds:
+        diffs = seed_differences(runs)
+        print(seeds_table(diffs))
+        plot_seeds(diffs, args.out)
+        return
     by_name = curves(runs)
     print(table(by_name))
     plot(by_name, args.out, compare.METRIC[runs[0]["workload"]][0].replace("_", " "))

@@ -72,22 +72,29 @@ def topk_with_residual(ratio):
     return with_residual(largest(ratio))
 
 
+def bucket_means(bucket):
+    """1-bit SGD of a shard: in buckets of ``bucket`` consecutive elements, each element becomes
+    its bucket's mean of the non-negative elements or of the negative ones, as its sign says."""
+    def encode(x):
+        sent = np.empty_like(x)
+        for start in range(0, x.size, bucket):
+            part = x[start:start + bucket]
+            up = part >= 0
+            sent[start:start + bucket] = np.where(up, part[up].mean() if up.any() else 0.0,
+                                                  part[~up].mean() if (~up).any() else 0.0)
+        return sent
+    return encode
+
+
 def onebit_with_residual(bucket=512):
     """1-bit SGD with error feedback, in buckets of ``bucket`` consecutive elements of the
-    flattened (gradient + residual): each element becomes its bucket's mean of the non-negative
-    elements or of the negative ones, as its sign says; the rest is the new residual."""
+    flattened (gradient + residual) (``bucket_means``); the rest is the new residual."""
+    encode = bucket_means(bucket)
     residuals = {}
 
     def compress(name, rank, step, g):
         c = g + residuals.get((name, rank), 0.0)
-        flat = c.reshape(-1)
-        sent = np.empty_like(flat)
-        for start in range(0, flat.size, bucket):
-            part = flat[start:start + bucket]
-            up = part >= 0
-            sent[start:start + bucket] = np.where(up, part[up].mean() if up.any() else 0.0,
-                                                  part[~up].mean() if (~up).any() else 0.0)
-        sent = sent.reshape(c.shape)
+        sent = encode(c.reshape(-1)).reshape(c.shape)
         residuals[(name, rank)] = c - sent
         return sent
     return compress
@@ -114,23 +121,26 @@ def fp16_sum(values):
     return total.astype(np.float64)
 
 
-def two_stage_topk(ratio, workers, owner_ratio=None):
-    """``communicator="alltoall"`` with top-k, from its definition: each worker cuts (gradient +
-    its residual) into ``workers`` shards (sizes differing by at most one, the larger first) and
-    keeps the top-k of each shard (``k = max(16, int(ratio * shard))``), its residual the rest;
-    each shard's owner adds up the workers' sparse shards and its own residual, keeps the top-k of
-    that (at ``owner_ratio``, twice ``ratio`` unless given: ``OWNERS_KEEP``), its residual the
-    rest; the kept shards, joined, are the sum every worker receives. Returns
-    ``exchange(name, step, gradients) -> sum`` for ``simulate``."""
-    residuals, owners = {}, {}
-    owner_ratio = min(1.0, 2 * ratio) if owner_ratio is None else owner_ratio
-
-    def keep_top(x, fraction=ratio):
+def keep_top(fraction):
+    """Top-k of a shard: its ``k = max(16, int(fraction * size))`` entries of largest magnitude,
+    the rest zero."""
+    def encode(x):
         k = min(x.size, max(16, int(fraction * x.size)))
         keep = np.argsort(-np.abs(x), kind="stable")[:k]
         sent = np.zeros_like(x)
         sent[keep] = x[keep]
         return sent
+    return encode
+
+
+def two_stage(workers, encode, owner_encode):
+    """``communicator="alltoall"`` from its definition: each worker cuts (gradient + its residual)
+    into ``workers`` shards (sizes differing by at most one, the larger first) and encodes each
+    (``encode(shard) -> what it decodes to``), its residual the rest; each shard's owner adds up
+    the workers' decoded shards and its own residual, encodes that (``owner_encode``), its residual
+    the rest; the owners' shards, joined, are the sum every worker receives. Returns
+    ``exchange(name, step, gradients) -> sum`` for ``simulate``."""
+    residuals, owners = {}, {}
 
     def exchange(name, step, gradients):
         shape = gradients[0].shape
@@ -141,18 +151,41 @@ def two_stage_topk(ratio, workers, owner_ratio=None):
         totals = [np.zeros(s.stop - s.start) for s in shards]
         for rank, g in enumerate(gradients):
             c = g.reshape(-1) + residuals.get((name, rank), 0.0)
-            sent = np.concatenate([keep_top(c[s]) for s in shards])
+            sent = np.concatenate([encode(c[s]) for s in shards])
             residuals[(name, rank)] = c - sent
             for j, s in enumerate(shards):
                 totals[j] = totals[j] + sent[s]
         out = []
         for j, total in enumerate(totals):
             t = total + owners.get((name, j), 0.0)
-            sent = keep_top(t, owner_ratio)
+            sent = owner_encode(t)
             owners[(name, j)] = t - sent
             out.append(sent)
         return np.concatenate(out).reshape(shape)
     return exchange
+
+
+def two_stage_topk(ratio, workers, owner_ratio=None):
+    """Top-k through the owners: the workers keep the top ``ratio`` of each shard, the owners the
+    top ``owner_ratio`` of their shard's sum, twice ``ratio`` unless given (``OWNERS_KEEP``)."""
+    owner_ratio = min(1.0, 2 * ratio) if owner_ratio is None else owner_ratio
+    return two_stage(workers, keep_top(ratio), keep_top(owner_ratio))
+
+
+def passes(encode, count):
+    """``encode`` ``count`` times, each pass encoding what the ones before it left; the sum."""
+    def encoded(x):
+        sent = np.zeros_like(x)
+        for _ in range(count):
+            sent = sent + encode(x - sent)
+        return sent
+    return encoded
+
+
+def two_stage_onebit(workers, owner_bits=2, bucket=512):
+    """1-bit SGD through the owners: the workers send each shard's signs and two means per
+    ``bucket`` elements, the owners their shard's sum in ``owner_bits`` passes of the same."""
+    return two_stage(workers, bucket_means(bucket), passes(bucket_means(bucket), owner_bits))
 
 
 def hierarchical(compress, per_host):

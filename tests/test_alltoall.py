@@ -43,6 +43,19 @@ def test_shards_differ_by_at_most_one_element():
     assert sum(shard_sizes(1_000_003, 7)) == 1_000_003
 
 
+def assert_matches_the_model(pipelines, model, atol, steps=5):
+    """``steps`` exchanges of Gaussian gradients of a (30, 101) tensor: every worker gets the same
+    bits, and they equal ``model``'s sum (``reference.two_stage``) over the workers' count."""
+    workers = len(pipelines)
+    for step in range(steps):
+        grads = [[gaussian((30, 101), 100 * step + r)] for r in range(workers)]
+        results = exchange(pipelines, grads, 1.0 / workers)
+        for rank in range(1, workers):
+            np.testing.assert_array_equal(results[rank][0], results[0][0])
+        expected = model("w", step, [g[0].astype(np.float64) for g in grads]) / workers
+        np.testing.assert_allclose(results[0][0], expected, atol=atol, rtol=0)
+
+
 @pytest.mark.parametrize("workers, owner_ratio", [(2, None), (3, None), (4, None), (4, 0.1)])
 def test_topk_equals_the_two_stage_model(workers, owner_ratio):
     """Five steps of top-k through the owners equal the numpy model of the algorithm (error
@@ -51,13 +64,28 @@ def test_topk_equals_the_two_stage_model(workers, owner_ratio):
     model = reference.two_stage_topk(0.05, workers, owner_ratio)
     pipelines = [grace.topk(0.05, owner_ratio=owner_ratio, communicator="alltoall")
                  for _ in range(workers)]
-    for step in range(5):
-        grads = [[gaussian((30, 101), 100 * step + r)] for r in range(workers)]
-        results = exchange(pipelines, grads, 1.0 / workers)
-        for rank in range(1, workers):
-            np.testing.assert_array_equal(results[rank][0], results[0][0])
-        expected = model("w", step, [g[0].astype(np.float64) for g in grads]) / workers
-        np.testing.assert_allclose(results[0][0], expected, atol=1e-6, rtol=0)
+    assert_matches_the_model(pipelines, model, atol=1e-6)
+
+
+@pytest.mark.parametrize("workers, owner_bits", [(3, None), (4, None), (2, 1), (4, 3)])
+def test_onebit_equals_the_two_stage_model(workers, owner_bits):
+    """Five steps of 1-bit SGD through the owners equal the numpy model: the workers' two means
+    per 512 elements of each shard, the owners' ``owner_bits`` passes of it over their shard's sum
+    (2 unless given), error feedback on both sides; every worker gets the same bits. (Not two
+    passes at 2 workers: there a shard's sum takes at most four values per bucket, the first pass
+    can leave exact zeros, and which side of zero they fall on is float32's rounding against the
+    model's float64.)"""
+    model = reference.two_stage_onebit(workers, owner_bits or 2)
+    pipelines = [grace.onebit(memory="residual", communicator="alltoall",
+                              **({} if owner_bits is None else {"owner_bits": owner_bits}))
+                 for _ in range(workers)]
+    assert_matches_the_model(pipelines, model, atol=1e-5)
+
+
+def test_owner_bits_is_checked_where_the_compressor_is_built():
+    with pytest.raises(ValueError, match="owner_bits"):
+        grace.onebit(owner_bits=0)
+    assert owner_share(grace.onebit(owner_bits=3).compressor) == pytest.approx(3.0)
 
 
 def payload_bytes(name, communicator, workers, numel=1 << 16):

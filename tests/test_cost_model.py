@@ -117,9 +117,11 @@ def test_a_run_through_owners_that_keep_more_is_modelled_with_its_share(tmp_path
                     bytes_per_step=(3 / 4 + 2 / 4) * payload)
     sent = 3 * 3 / 4 * payload
     assert row["predicted_link_bytes"] == pytest.approx(2 * sent + cost_model.CONTROL_BYTES_PER_S)
+    assert row["owner_share"] == 2.0  # the bytes plot draws each share as its own line
     row = validated(tmp_path, codec, **common, bytes_per_step=payload)
     assert row["predicted_link_bytes"] == pytest.approx(2 * 2 * 3 / 4 * payload
                                                         + cost_model.CONTROL_BYTES_PER_S)
+    assert row["owner_share"] == 1.0
 
 
 def test_an_unshaped_run_gives_the_host_overhead_of_its_timed_twin(tmp_path):

@@ -74,6 +74,16 @@ def test_tape_through_shard_owners_matches_the_two_stage_model(tf_run, run):
     assert infos[0]["stats"]["bytes_received"] == STEPS * (32 * 8 + 64 * 8 + 8 * 4)
 
 
+def test_onebit_through_shard_owners_traced_matches_the_two_stage_model(tf_run):
+    """1-bit under tf.function: each shard's signs (80 bytes) and two means per 512 elements (2
+    buckets), its owner's two passes of it (with their four parts' lengths); b dense."""
+    infos = check(tf_run, "tape_function_onebit_alltoall",
+                  reference.simulate(exchange=reference.two_stage_onebit(2)))
+    shard = 80 + 2 * 2 * 4
+    assert infos[0]["stats"]["bytes_sent"] == STEPS * (shard + 2 * shard + 4 * 4 + 8 * 4)
+    assert infos[0]["stats"]["bytes_received"] == STEPS * (shard + 2 * shard + 8 * 4)
+
+
 def test_keras_through_shard_owners_matches_the_two_stage_model(tf_run):
     """Keras's kernel is W transposed, so its shards cut the transposed gradient."""
     model = reference.two_stage_topk(0.05, 2)

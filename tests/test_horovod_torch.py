@@ -62,12 +62,19 @@ def test_topk_through_shard_owners_matches_the_two_stage_model(gloo_run):
 
 def test_four_workers_through_shard_owners(tmp_path):
     """4 Gloo workers: shards of 320 elements, top-k 16 of each, the owners keeping 32; a worker
-    receives 2.25 payloads' worth, where gathering would receive three."""
-    horovodrun(WORKER, str(tmp_path), "--scenarios", "topk_alltoall", np=4)
+    receives 2.25 payloads' worth, where gathering would receive three. 1-bit: each shard's signs
+    (40 bytes) and two means, the owners' two passes of it (sent with their four parts'
+    lengths)."""
+    horovodrun(WORKER, str(tmp_path), "--scenarios", "topk_alltoall,onebit_alltoall", np=4)
     infos = check(tmp_path, "topk_alltoall",
                   reference.simulate(workers=4, exchange=reference.two_stage_topk(0.05, 4)), ranks=4)
     assert infos[0]["stats"]["bytes_sent"] == 10 * (3 * 16 * 8 + 32 * 8 + 2 * 4 + 8 * 4)
     assert infos[0]["stats"]["bytes_received"] == 10 * (3 * 16 * 8 + 3 * 32 * 8 + 8 * 4)
+    infos = check(tmp_path, "onebit_alltoall",
+                  reference.simulate(workers=4, exchange=reference.two_stage_onebit(4)), ranks=4)
+    shard, owners = 40 + 2 * 4, 2 * (40 + 2 * 4)
+    assert infos[0]["stats"]["bytes_sent"] == 10 * (3 * shard + owners + 4 * 4 + 8 * 4)
+    assert infos[0]["stats"]["bytes_received"] == 10 * (3 * shard + 3 * owners + 8 * 4)
 
 
 def test_topk_with_sum_op(gloo_run):

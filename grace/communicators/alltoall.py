@@ -158,8 +158,8 @@ class Alltoall(Communicator):
     worker's side too), re-encodes, and the re-encoded shards are all-gathered (one allgather per
     bucket). A worker sends and receives about ``(1 + s) (n-1)/n`` of one compressed copy, where
     ``allgather`` receives ``n-1`` copies; ``s`` is the owners' share (``owner_share``): 1 where
-    an owner encodes as the workers do, 2 for top-k's owners (they keep twice the workers' share)
-    and for a sign vote's 2-bit codes.
+    an owner encodes as the workers do, 2 for top-k's owners (they keep twice the workers' share),
+    for 1-bit's (two passes) and for a sign vote's 2-bit codes.
 
     Not for a compressor of several rounds (PowerSGD) or with summable payloads (random-k, fp16,
     none): their allreduce is already flat in n."""
@@ -241,16 +241,18 @@ ALLTOALL_FROM = 5
 model (``scripts/cost_model.py``, docs/results.md) puts the crossover, where the two stages' bytes
 ``(1 + s) (n-1)/n`` beat gathering's ``n-1`` payloads once the second collective's latency and the
 owners' decode and re-encode are paid, at 3 to 5 workers for every compressor at 1 to 100 Gbit/s
-(top-k, whose owners keep twice the workers' share, at 5, and 6 at 100 Gbit/s); past 4 the two
-stages move at most 2/5 of gathering's bytes (3/5 for top-k). Up to 4, where they would save at most half,
-gathering keeps its one collective and its one encoding (no second rounding at an owner)."""
+(1-bit, whose owners send two passes, at 4; top-k, whose owners keep twice the workers' share,
+at 5, and 6 at 100 Gbit/s); past 4 the two stages move at most 2/5 of gathering's bytes (3/5 for
+top-k and 1-bit). Up to 4, where they would save at most half, gathering keeps its one collective
+and its one encoding (no second rounding at an owner)."""
 
 
 def owner_share(compressor: Compressor) -> float:
     """What an owner sends on of its shard over what a worker sent into it, in bytes: 1 where the
-    owner encodes as the workers do, 2 for top-k's owners (``OWNERS_KEEP``), 2 for a sign vote's
-    2-bit codes. A worker moves ``(1 + share) (n-1)/n`` of one payload through the owners (the cost
-    model's input; taken on a shard of 2**20 float32 elements)."""
+    owner encodes as the workers do, 2 for top-k's owners (``OWNERS_KEEP``), for 1-bit's
+    (``OWNER_BITS``) and for a sign vote's 2-bit codes. A worker moves ``(1 + share) (n-1)/n`` of
+    one payload through the owners (the cost model's input; taken on a shard of 2**20 float32
+    elements)."""
     shard = (1 << 20,)
     own, owner = (c.payload_nbytes(shard, 4) for c in (compressor, compressor.owner_codec()))
     return 1.0 if not own or owner is None else owner / own

@@ -124,6 +124,9 @@ scenarios = {
         "tape_eager_topk_alltoall", grace.topk(0.05, communicator="alltoall"), False),
     "tape_function_topk_alltoall": lambda: tape_training(
         "tape_function_topk_alltoall", grace.topk(0.05, communicator="alltoall"), True),
+    "tape_function_onebit_alltoall": lambda: tape_training(
+        "tape_function_onebit_alltoall", grace.onebit(memory="residual", communicator="alltoall"),
+        True),
     "tape_function_topk_hierarchical": lambda: tape_training(
         "tape_function_topk_hierarchical", grace.topk(0.05, hierarchical=True), True),
     "keras_topk_alltoall": lambda: keras_fit("keras_topk_alltoall",

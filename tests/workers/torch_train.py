@@ -145,6 +145,10 @@ else:
         # Shards all-to-all to their owners, re-encoded there, gathered (any number of workers).
         "topk_alltoall": lambda: train("topk_alltoall",
                                        lambda: grace.topk(0.05, communicator="alltoall")),
+        # 1-bit through the owners: two means per 512 elements of each shard, the owners' two
+        # passes of it (error feedback on both sides).
+        "onebit_alltoall": lambda: train("onebit_alltoall", lambda: grace.onebit(
+            memory="residual", communicator="alltoall")),
         # Dense within each host, top-k between hosts (launched on the emulated cluster).
         "topk_hierarchical": lambda: train("topk_hierarchical",
                                            lambda: grace.topk(0.05, hierarchical=True)),
