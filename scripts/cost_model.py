@@ -218,22 +218,27 @@ def _predicted_exchange(run: dict, name: str, kind: str, codec_map: dict[str, Co
     return step(codec, kind, n, rate, 0.0, collectives_per_round(name))
 
 
+def _setup(path: str, run: dict, kind: str) -> tuple:
+    """A run's set-up but for its link rate: results file, framework, the compression spec with
+    its parameters (two settings of one compressor are two set-ups), route and workers."""
+    return path, run.get("framework"), run["compression"], kind, run["workers"]
+
+
 def host_overheads(paths: list[str], codec_map: dict[str, Codec]) -> dict[tuple, float]:
     """What an exchange costs on this machine beyond its link, per set-up: read off the runs on
     unshaped links (about ``UNSHAPED_RATE``), as their measured exchange less the model's time for
     their bytes at that rate. With two cores for two or more busy workers, Horovod's background
     thread, Gloo's copies and sums and every wake-up after a collective wait for a core; on a
     host with a core to spare they would not (the model's predictions beyond this machine leave
-    this term out). Keyed by (results file, framework, compressor, route, workers): only runs of
-    one ``compare.py`` invocation are set side by side, as the machine's speed varies between
-    sessions."""
+    this term out). Keyed by ``_setup``: only runs of one ``compare.py`` invocation are set side
+    by side, as the machine's speed varies between sessions."""
     out = {}
     for path, run, name, kind in _measured_runs(paths, codec_map):
         if run["rate"] != "unshaped":
             continue
         measured = run["step_s"] - run["compute_s"] - run["compression_s"]
         link = _predicted_exchange(run, name, kind, codec_map, UNSHAPED_RATE)["exchange_s"]
-        out[(path, run.get("framework"), name, kind, run["workers"])] = max(0.0, measured - link)
+        out[_setup(path, run, kind)] = max(0.0, measured - link)
     return out
 
 
@@ -261,7 +266,7 @@ def validate(paths: list[str], codec_map: dict[str, Codec]) -> list[dict]:
                        measured_exchange_ms=1e3 * measured_exchange,
                        predicted_exchange_ms=1e3 * predicted["exchange_s"])
             row["step_error"] = row["predicted_step_ms"] / row["measured_step_ms"] - 1
-            host = overheads.get((path, run.get("framework"), name, kind, n))
+            host = overheads.get(_setup(path, run, kind))
             if host is not None:
                 row["host_overhead_ms"] = 1e3 * host
                 row["predicted_with_host_ms"] = row["predicted_step_ms"] + 1e3 * host

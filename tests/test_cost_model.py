@@ -150,3 +150,8 @@ def test_an_unshaped_run_gives_the_host_overhead_of_its_timed_twin(tmp_path):
     rows = cost_model.validate([str(path), str(other)], {"topk": codec})
     (from_other,) = [r for r in rows if r["source"].endswith("other.json")]
     assert "host_overhead_ms" not in from_other
+    # Another setting of the same compressor and route is another set-up: not paired either.
+    setting = {**timed, "compression": json.dumps({"compressor": "topk", "owner_ratio": 0.02})}
+    path.write_text(json.dumps([unshaped, setting]))
+    (row,) = [r for r in cost_model.validate([str(path)], {"topk": codec}) if r["rate"] == "1gbit"]
+    assert "host_overhead_ms" not in row

@@ -12,8 +12,9 @@ class Passes(Compressor):
     what the passes before it left (``inner.residual``), and the payload is the passes' payloads
     one after another, decoded as their sum. With 1-bit SGD's two means per bucket, ``count``
     passes send ``count`` bits per element and ``2 count`` means per bucket, ``2**count`` levels
-    per bucket placed by the data, where one pass has two. Residual binarization as in Guo et al.,
-    "Network Sketching: Exploiting Binary Structure in Deep CNNs", CVPR 2017."""
+    per bucket placed by the data, where one pass has two. ``inner`` must keep no state of its own
+    between encodings (every pass encodes under the same name). Residual binarization as in Guo et
+    al., "Network Sketching: Exploiting Binary Structure in Deep CNNs", CVPR 2017."""
 
     def __init__(self, inner: Compressor, count: int):
         self.inner, self.count = inner, count
