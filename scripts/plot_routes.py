@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -100,7 +101,7 @@ def seed_differences(runs: list[dict]) -> dict:
     values: dict = {}
     for name, how, metric, run in metrics(runs):
         per_seed = values.setdefault(name, {}).setdefault(how, {})
-        per_seed.setdefault(run.get("seed", 0), []).append((metric[-1], sum(metric[-3:]) / len(metric[-3:])))
+        per_seed.setdefault(run.get("seed", 0), []).append((metric[-1], statistics.fmean(metric[-3:])))
     out: dict = {}
     for name, routes in values.items():
         first, *others = routes
@@ -114,7 +115,7 @@ def seed_differences(runs: list[dict]) -> dict:
 
 def _mean(pairs: list[tuple]) -> tuple:
     """The element-wise mean of a seed's (final, last 3) pairs."""
-    return tuple(sum(v) / len(v) for v in zip(*pairs))
+    return tuple(map(statistics.fmean, zip(*pairs)))
 
 
 def seeds_table(diffs: dict) -> str:
@@ -125,8 +126,8 @@ def seeds_table(diffs: dict) -> str:
             finals = [v[0] for v in by_seed.values()]
             lasts = [v[1] for v in by_seed.values()]
             lines.append(f"| {name} | {how} | {len(by_seed)} | {' / '.join(f'{v:+.2f}' for v in finals)} | "
-                         f"**{sum(finals) / len(finals):+.2f}** | {' / '.join(f'{v:+.2f}' for v in lasts)} | "
-                         f"**{sum(lasts) / len(lasts):+.2f}** |")
+                         f"**{statistics.fmean(finals):+.2f}** | {' / '.join(f'{v:+.2f}' for v in lasts)} | "
+                         f"**{statistics.fmean(lasts):+.2f}** |")
     return "\n".join(lines)
 
 
@@ -154,7 +155,7 @@ def plot_seeds(diffs: dict, path: str) -> None:
                     ax.scatter(x + 0.06 * (i - len(seeds) / 2), value[panel], color=colors[i % 10],
                                marker=SEED_MARKERS[i % len(SEED_MARKERS)], s=22,
                                label=f"seed {seed}" if x == 0 else None)
-                mean = sum(v[panel] for v in by_seed.values()) / len(by_seed)
+                mean = statistics.fmean(v[panel] for v in by_seed.values())
                 ax.hlines(mean, x - 0.3, x + 0.3, color="black", lw=2, label="mean" if x == 0 else None)
             ax.axhline(0, color="0.6", lw=1)
             ax.set_xticks(range(len(routes)), [how.replace(", ", "\n") for how in routes], fontsize=7)

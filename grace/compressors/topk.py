@@ -34,9 +34,8 @@ class TopK(Sparse, Compressor):
     feedback (the ``residual`` memory) adds back into later steps. Workers pick different indices,
     so payloads are gathered, not summed, and the receivers add them up; through the shards'
     owners an owner keeps the top ``owner_ratio`` of its shard's sum (``OWNERS_KEEP * ratio`` by
-    default). Aji &
-    Heafield, "Sparse Communication for Distributed Gradient Descent", EMNLP 2017; Stich et al.,
-    "Sparsified SGD with Memory", NeurIPS 2018."""
+    default). Aji & Heafield, "Sparse Communication for Distributed Gradient Descent", EMNLP 2017;
+    Stich et al., "Sparsified SGD with Memory", NeurIPS 2018."""
 
     name = "topk"
     default_memory = "residual"
