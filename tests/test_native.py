@@ -141,6 +141,26 @@ def test_unpack_blocks_onto_a_base_is_the_composite_code(n, bits):
                                                                  block=512))
 
 
+@pytest.mark.parametrize("block", [7, 100, 4093])
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+def test_unpack_blocks_whose_blocks_end_inside_a_byte(block, bits, monkeypatch):
+    """The loop decodes a block's whole bytes together and its ends one code at a time: blocks of
+    sizes that are no multiple of the codes in a byte, over ranges split between threads, give the
+    table's values, onto a base too."""
+    n = 2 * native.PARALLEL_NUMEL + 1001
+    rng = np.random.default_rng(bits)
+    codes = rng.integers(0, 1 << bits, n, dtype=np.int32)
+    packed = TORCH.pack_bits(torch.from_numpy(codes), bits).numpy()
+    tables = rng.standard_normal((-(-n // block), 1 << bits)).astype(np.float32)
+    base = rng.standard_normal(n).astype(np.float32)
+    expected = tables[np.arange(n) // block, codes]
+    monkeypatch.setenv("GRACE_NATIVE_THREADS", "3")
+    assert len(native._ranges(n)) == 3
+    assert np.array_equal(native.unpack_blocks(packed, tables, bits, n, block), expected)
+    assert np.array_equal(native.unpack_blocks_onto(packed, tables, base, bits, n, block),
+                          base + expected)
+
+
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("bits", [1, 2, 3, 4, 5, 8])
 def test_unpack_values_is_the_composite_code(n, bits):
@@ -349,9 +369,9 @@ def test_one_policy_decides_when_a_loop_runs():
 
 
 def test_a_loop_under_tf_function_gives_its_output_the_inputs_shape():
-    """The momentum's scaled sum of a 784 x 512 weight (more than the 2**18 elements from which
-    TensorFlow runs the loops): the loop returns a flat array, and the graph's result has the
-    weight's shape when it runs, not only in its static shape."""
+    """The momentum's scaled sum of a 784 x 512 weight (more than the ``CROSSING_MIN_NUMEL``
+    elements from which TensorFlow runs the loops): the loop returns a flat array, and the graph's
+    result has the weight's shape when it runs, not only in its static shape."""
     import tensorflow as tf
 
     a = tf.random.stateless_normal([784, 512], seed=[1, 2])

@@ -12,6 +12,7 @@ import torch
 
 import grace
 from frameworks.torch.ops import TorchOps
+from grace import kernels, native
 from grace.backends.numpy_ops import NumpyOps
 from grace.rng import draw_indices
 
@@ -143,6 +144,28 @@ def test_the_protocols_own_zero_at_is_the_adapters():
         np.testing.assert_array_equal(composite, expected)
         np.testing.assert_array_equal(ops.to_numpy(ops.zero_at(tensor, idx)), expected)
         np.testing.assert_array_equal(ops.to_numpy(tensor), x)
+
+
+@pytest.mark.parametrize("n", [1000, native.CROSSING_MIN_NUMEL + 5])
+def test_tensorflows_zero_at_on_either_side_of_the_host_copy(n):
+    """TensorFlow zeroes by its scatter below ``CROSSING_MIN_NUMEL`` elements and by one copy on
+    the host from there (``native.zeroed_copy``): the same entries, repeated indices included,
+    eagerly and traced, ``x`` left as it was."""
+    import tensorflow as tf
+
+    from frameworks.tensorflow.ops import TensorFlowOps
+
+    ops = TensorFlowOps()
+    x = np.linspace(-1.0, 1.0, n).astype(np.float32)
+    indices = np.array([3, n - 1, 0, 3, n // 2], np.int64)
+    expected = x.copy()
+    expected[indices] = 0.0
+    tensor = tf.constant(x)
+    np.testing.assert_array_equal(ops.zero_at(tensor, tf.constant(indices)).numpy(), expected)
+    traced = tf.function(lambda t, i: ops.zero_at(t, i))
+    np.testing.assert_array_equal(traced(tensor, tf.constant(indices)).numpy(), expected)
+    np.testing.assert_array_equal(tensor.numpy(), x)
+    assert kernels.applies(ops, [tensor]) == (n >= native.CROSSING_MIN_NUMEL)
 
 
 @pytest.mark.parametrize("n, k", [(20, 5), (20, 15), (6, 2)])

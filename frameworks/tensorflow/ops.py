@@ -163,6 +163,10 @@ class TensorFlowOps(Ops):
         return tf.math.unsorted_segment_sum(rows, positions, tf.cast(count, tf.int64))
 
     def zero_at(self, x, indices, overwrite=False):
+        if kernels.applies(self, [x]):
+            # One copy on the host: TensorFlow's scatter copies x and then writes k entries at
+            # twice a copy's cost (docs/performance.md, "TensorFlow's residual").
+            return _host(native.zeroed_copy, [x, indices], x.dtype, x.shape)
         return tf.tensor_scatter_nd_update(x, tf.reshape(indices, [-1, 1]),
                                            tf.zeros(tf.shape(indices), x.dtype))
 

@@ -169,9 +169,35 @@ void grace_block_sums(const float *x, int64_t n, int64_t block, int64_t first, i
     }
 }
 
+/* One element of grace_unpack_blocks: the table's value for code i, plus base[i] where base is set. */
+static inline float unpack_one(const uint8_t *packed, int bits, int shift, uint32_t mask, int64_t i,
+                               const float *t, const float *base) {
+    int64_t per = (int64_t)1 << shift;
+    float v = t[(packed[i >> shift] >> (bits * (i & (per - 1)))) & mask];
+    return base ? base[i] + v : v;
+}
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+/* Eight elements of one bit each, from one byte: the byte's bits select, lane by lane, t1 (bit set)
+ * or t0 as bit patterns; a select copies a value exactly, so the bits are those of the lookup. */
+static inline void unpack_byte_1bit(uint8_t byte, v8i t0, v8i t1, const float *base, float *out) {
+    const v8i lanes = {1, 2, 4, 8, 16, 32, 64, 128};
+    v8i set = ((v8i){byte, byte, byte, byte, byte, byte, byte, byte} & lanes) != 0;  /* -1 or 0 */
+    v8f v = (v8f)((set & t1) | (~set & t0));
+    if (base) {
+        v8f b;
+        memcpy(&b, base, sizeof b);
+        v = b + v;
+    }
+    memcpy(out, &v, sizeof v);
+}
+
 /* tables[(i / block) * 2^bits + code] for the codes of elements [start, start + n): decoding with one
  * small table per block (a scale per bucket). bits divides 8. With base (else NULL), base[i] plus
- * that: a decoded tensor added to another in the same pass. */
+ * that: a decoded tensor added to another in the same pass. Whole bytes of a block are decoded
+ * together (one bit: eight lanes at once), the ends one element at a time. */
 void grace_unpack_blocks(const uint8_t *packed, int bits, int64_t start, int64_t n, const float *tables,
                          int64_t block, const float *base, float *out) {
     uint32_t mask = (1U << bits) - 1U;
@@ -181,13 +207,25 @@ void grace_unpack_blocks(const uint8_t *packed, int bits, int64_t start, int64_t
         int64_t k = lo / block;
         int64_t hi = (k + 1) * block < start + n ? (k + 1) * block : start + n;
         const float *t = tables + k * ((int64_t)1 << bits);
-        /* A table lookup, not a branch on the code: the codes of a gradient are random. */
-        if (base)
-            for (int64_t i = lo; i < hi; i++)
-                out[i] = base[i] + t[(packed[i >> shift] >> (bits * (i & (per - 1)))) & mask];
-        else
-            for (int64_t i = lo; i < hi; i++)
-                out[i] = t[(packed[i >> shift] >> (bits * (i & (per - 1)))) & mask];
+        int64_t i = lo;
+        for (; i < hi && (i & (per - 1)); i++) out[i] = unpack_one(packed, bits, shift, mask, i, t, base);
+        int64_t whole = i + (hi - i) / per * per;  /* the end of the block's whole bytes */
+        if (bits == 1) {
+            v8i t0, t1;
+            for (int j = 0; j < 8; j++) {
+                memcpy(&t0[j], &t[0], sizeof(float));
+                memcpy(&t1[j], &t[1], sizeof(float));
+            }
+            for (; i < whole; i += 8) unpack_byte_1bit(packed[i >> 3], t0, t1, base ? base + i : NULL, out + i);
+        } else {
+            /* A table lookup per code, not a branch on it: the codes of a gradient are random. */
+            for (; i < whole; i += per) {
+                uint32_t byte = packed[i >> shift];
+                for (int64_t j = 0; j < per; j++, byte >>= bits)
+                    out[i + j] = base ? base[i + j] + t[byte & mask] : t[byte & mask];
+            }
+        }
+        for (; i < hi; i++) out[i] = unpack_one(packed, bits, shift, mask, i, t, base);
         lo = hi;
     }
 }
