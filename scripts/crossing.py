@@ -62,11 +62,6 @@ def traced_ops(step) -> int:
     return len(graph.node) + sum(len(f.node_def) for f in graph.library.function)
 
 
-def quartiles(values: list[float]) -> tuple[float, float, float]:
-    low, median, high = statistics.quantiles(values, n=4, method="inclusive")
-    return low, median, high
-
-
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--compression", required=True, help="as compare.py takes it, e.g. topk:ratio=0.01")
@@ -104,7 +99,7 @@ def main(argv=None) -> dict:
     rows = []
     for c, (_, calls), spent in zip(crossings, built, times):
         ratios = [t / first for t, first in zip(spent, times[0])]
-        low, median, high = quartiles(ratios)
+        low, median, high = statistics.quantiles(ratios, n=4, method="inclusive")
         rows.append({"crossing": c, "traced_ops": calls,
                      "step_ms": 1e3 * statistics.median(spent),
                      "ratio": median, "ratio_q1": low, "ratio_q3": high})
