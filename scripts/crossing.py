@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import workloads  # noqa: E402
 from compare import parse_compression  # noqa: E402
+from compare_worker import exchange_loss  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import grace  # noqa: E402
@@ -48,7 +49,7 @@ def build_step(shapes, fixed, params: dict, crossing: int):
     @tf.function
     def step():
         with tf.GradientTape() as tape:
-            loss = tf.add_n([tf.reduce_sum(v * g) for v, g in zip(variables, fixed)])
+            loss = exchange_loss(variables, fixed)
         optimizer.apply(tape.gradient(loss, variables), variables)
 
     step()

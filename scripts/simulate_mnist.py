@@ -14,7 +14,11 @@ optimizer's momentum is taken over where the compressor owns it, as the wrappers
   every burst still arrives in full, over about ``1 / (1 - BETA)`` steps);
   ``--freeze-variance-after STEPS`` exchanges dense for ``STEPS``, then freezes Adam's second
   moment and compresses, as 1-bit Adam does (Tang et al., ICML 2021), so that Adam divides by the
-  dense gradients' root mean square instead of the bursts'.
+  dense gradients' root mean square instead of the bursts';
+  ``--local-adam`` runs Adam on each worker's own (dense) gradients and exchanges its updates
+  instead, with error feedback, then steps by the learning rate without further momentum, as
+  Chen et al.'s quantized Adam with error feedback does (ACM TIST 2021): Adam then divides by the
+  root mean square of dense gradients, and the bursts are of updates, not gradients.
 - **the shards' owners against gathering at more workers** (docs/results.md, "Accuracy through the
   owners"): ``--workers 8``.
 
@@ -53,26 +57,43 @@ LEARNING_RATES = {"sgd": MNIST["lr"], "adam": ADAM_LR}  # as compare_worker.py t
 BETAS, EPS = (0.9, 0.999), 1e-8
 
 
-class FreezableAdam:
-    """Adam (Kingma and Ba, 2015) as ``torch.optim.Adam`` steps it, with a switch that freezes the
-    second moment (no further updates, its bias correction fixed) from a given step on."""
+class AdamMoments:
+    """Adam's moments (Kingma and Ba, 2015) over a stream of gradients, as ``torch.optim.Adam``
+    keeps them: ``direction`` folds one step's gradients in and returns Adam's step direction,
+    the bias-corrected ``m / (sqrt(v) + eps)``. Setting ``frozen_at`` to a step count freezes the
+    second moment from there on (no further updates, its bias correction fixed)."""
 
-    def __init__(self, params: list[torch.Tensor], lr: float, beta1: float):
-        self.params, self.lr, self.beta1, self.step_count, self.frozen_at = params, lr, beta1, 0, None
+    def __init__(self, params: list[torch.Tensor], beta1: float):
+        self.beta1, self.step_count, self.frozen_at = beta1, 0, None
         self.m = [torch.zeros_like(p) for p in params]
         self.v = [torch.zeros_like(p) for p in params]
 
-    def step(self) -> None:
+    def direction(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
         self.step_count += 1
         t, b1, b2 = self.step_count, self.beta1, BETAS[1]
         v_steps = t if self.frozen_at is None else self.frozen_at
+        out = []
         with torch.no_grad():
-            for p, m, v in zip(self.params, self.m, self.v):
-                m.mul_(b1).add_(p.grad, alpha=1 - b1)
+            for g, m, v in zip(grads, self.m, self.v):
+                m.mul_(b1).add_(g, alpha=1 - b1)
                 if self.frozen_at is None:
-                    v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                m_hat = m / (1 - b1 ** t) if b1 else m
-                p.sub_(self.lr * m_hat / ((v / (1 - b2 ** v_steps)).sqrt() + EPS))
+                    v.mul_(b2).addcmul_(g, g, value=1 - b2)
+                out.append(m / (1 - b1 ** t) / ((v / (1 - b2 ** v_steps)).sqrt() + EPS))
+        return out
+
+
+class FreezableAdam(AdamMoments):
+    """Adam as ``torch.optim.Adam`` steps it, with the moments' switch that freezes the second
+    moment (``frozen_at``)."""
+
+    def __init__(self, params: list[torch.Tensor], lr: float, beta1: float):
+        super().__init__(params, beta1)
+        self.params, self.lr = params, lr
+
+    def step(self) -> None:
+        with torch.no_grad():
+            for p, d in zip(self.params, self.direction([p.grad for p in self.params])):
+                p.sub_(self.lr * d)
 
 
 def build_pipelines(spec: str, workers: int) -> list[grace.Pipeline] | None:
@@ -97,7 +118,7 @@ def take_momentum(pipelines: list[grace.Pipeline] | None, optimizer: str) -> flo
 
 def run(spec: str, workers: int = 2, optimizer: str = "sgd", lr: float | None = None,
         spread: float | None = None, freeze_after: int | None = None, seed: int = 0,
-        passes: int = 10) -> list[float]:
+        passes: int = 10, local_adam: bool = False) -> list[float]:
     """Train and return the test accuracy after each pass."""
     images, labels, test_images, test_labels = map(torch.from_numpy, workloads.fashion_mnist())
     torch.manual_seed(seed)
@@ -112,8 +133,9 @@ def run(spec: str, workers: int = 2, optimizer: str = "sgd", lr: float | None = 
     dense = [grace.none() for _ in range(workers)]  # fp32, and a warm-up's exchange
     kept = take_momentum(pipelines, optimizer)
     lr = LEARNING_RATES[optimizer] if lr is None else lr
-    if optimizer == "sgd":
-        step_optimizer = torch.optim.SGD(params, lr, momentum=kept)
+    local = [AdamMoments(params, kept) for _ in range(workers)] if local_adam else None
+    if optimizer == "sgd" or local_adam:  # local Adam's exchanged updates step as plain SGD
+        step_optimizer = torch.optim.SGD(params, lr, momentum=0.0 if local_adam else kept)
     elif freeze_after is None:
         step_optimizer = torch.optim.Adam(params, lr, betas=(kept, BETAS[1]))
     else:
@@ -153,6 +175,8 @@ def run(spec: str, workers: int = 2, optimizer: str = "sgd", lr: float | None = 
                     model.zero_grad()
                     torch.nn.functional.cross_entropy(model(images[batch]), labels[batch]).backward()
                     grads.append([p.grad.clone() for p in params])
+                if local is not None:
+                    grads = [worker.direction(g) for worker, g in zip(local, grads)]
                 done = getattr(step_optimizer, "step_count", None)
                 compressed = pipelines is not None and (freeze_after is None or done >= freeze_after)
                 if compressed and freeze_after is not None and step_optimizer.frozen_at is None:
@@ -181,6 +205,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=None, help="the workload's for the optimizer")
     parser.add_argument("--spread", type=float, default=None, metavar="BETA")
     parser.add_argument("--freeze-variance-after", type=int, default=None, metavar="STEPS")
+    parser.add_argument("--local-adam", action="store_true",
+                        help="each worker's Adam on its own gradients; exchange its updates")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--passes", type=int, default=10, help="passes over the training set")
     args = parser.parse_args(argv)
@@ -192,14 +218,18 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--freeze-variance-after must be at least 1, got {args.freeze_variance_after}")
     if args.freeze_variance_after is not None and args.optimizer != "adam":
         parser.error("--freeze-variance-after freezes Adam's second moment: it needs --optimizer adam")
+    if args.local_adam and (args.optimizer != "adam" or args.spread is not None
+                            or args.freeze_variance_after is not None):
+        parser.error("--local-adam needs --optimizer adam, without --spread or --freeze-variance-after")
     if args.passes < 1:
         parser.error(f"--passes must be at least 1, got {args.passes}")
     torch.set_num_threads(1)
     accuracies = run(args.spec, args.workers, args.optimizer, args.lr, args.spread,
-                     args.freeze_variance_after, args.seed, args.passes)
+                     args.freeze_variance_after, args.seed, args.passes, args.local_adam)
     print(json.dumps({"spec": args.spec, "workers": args.workers, "optimizer": args.optimizer,
                       "lr": args.lr, "spread": args.spread,
-                      "freeze_variance_after": args.freeze_variance_after, "seed": args.seed,
+                      "freeze_variance_after": args.freeze_variance_after,
+                      "local_adam": args.local_adam, "seed": args.seed,
                       "accuracy": accuracies}))
 
 

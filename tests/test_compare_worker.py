@@ -30,3 +30,27 @@ def test_the_keras_layout_is_torchs_linear_with_its_weight_and_gradient_transpos
     (linear(x) ** 2).sum().backward()
     np.testing.assert_allclose(keras.weight.grad.numpy(), linear.weight.grad.numpy().T, rtol=1e-5)
     np.testing.assert_allclose(keras.bias.grad.numpy(), linear.bias.grad.numpy(), rtol=1e-5)
+
+
+def test_tensorflows_exchange_loss_hands_the_tape_its_fixed_gradients_as_they_are():
+    """The exchange workload's TensorFlow loss must give each variable exactly its fixed gradient
+    (bit for bit, as PyTorch's ``p.grad = g.clone()``), traced and eager, and compute nothing:
+    its traced gradient holds no multiplication over the variables."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    fixed = [tf.constant(rng.standard_normal(s, np.float32)) for s in [(3, 4), (7,), (2, 2, 2)]]
+    variables = [tf.Variable(tf.ones(g.shape)) for g in fixed]
+
+    def gradients():
+        with tf.GradientTape() as tape:
+            loss = compare_worker.exchange_loss(variables, fixed)
+        return loss, tape.gradient(loss, variables)
+
+    traced = tf.function(gradients)
+    for loss, grads in [gradients(), traced()]:
+        assert float(loss) == 0.0
+        for got, want in zip(grads, fixed):
+            np.testing.assert_array_equal(got.numpy(), want.numpy())
+    ops = {node.op for node in traced.get_concrete_function().graph.as_graph_def().node}
+    assert "Mul" not in ops

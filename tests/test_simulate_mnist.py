@@ -50,6 +50,9 @@ def test_four_workers_train_through_the_shards_owners():
     (["--freeze-variance-after", "10"], "--freeze-variance-after freezes Adam's second moment: it needs "
                                         "--optimizer adam"),
     (["--passes", "0"], "--passes must be at least 1, got 0"),
+    (["--local-adam"], "--local-adam needs --optimizer adam"),
+    (["--local-adam", "--optimizer", "adam", "--spread", "0.9"], "--local-adam needs --optimizer adam, "
+                                                               "without --spread"),
     (["--workers", "0"], "--workers must be at least 1, got 0"),
     (["--optimizer", "lamb"], "argument --optimizer: invalid choice: 'lamb'"),
 ])
@@ -60,3 +63,40 @@ def test_bad_settings_are_refused_naming_the_option(args, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         simulate_mnist.main(args)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_adams_directions_are_the_steps_torchs_adam_takes():
+    """``--local-adam`` exchanges each worker's Adam direction (``AdamMoments``) and steps it at the
+    learning rate, and ``FreezableAdam`` steps the same directions: for one worker that must be
+    torch.optim.Adam's own step, bias correction included, over several steps of changing gradients
+    (float32: within 1e-6 of a step of 1e-3 per element)."""
+    import torch
+
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import simulate_mnist
+
+    torch.manual_seed(0)
+    weights = torch.randn(5, 3)
+    mine, theirs = weights.clone(), weights.clone().requires_grad_(True)
+    local = simulate_mnist.AdamMoments([mine], beta1=0.9)
+    adam = torch.optim.Adam([theirs], lr=1e-3, betas=simulate_mnist.BETAS, eps=simulate_mnist.EPS)
+    for _ in range(4):
+        grad = torch.randn(5, 3) * torch.rand(5, 3)
+        mine -= 1e-3 * local.direction([grad])[0]
+        theirs.grad = grad.clone()
+        adam.step()
+    frozen = torch.nn.Parameter(weights.clone())
+    freezable = simulate_mnist.FreezableAdam([frozen], lr=1e-3, beta1=0.9)
+    torch.manual_seed(1)
+    for _ in range(4):
+        frozen.grad = torch.randn(5, 3)
+        freezable.step()
+    torch.manual_seed(1)
+    again = weights.clone().requires_grad_(True)
+    reference = torch.optim.Adam([again], lr=1e-3, betas=simulate_mnist.BETAS, eps=simulate_mnist.EPS)
+    for _ in range(4):
+        again.grad = torch.randn(5, 3)
+        reference.step()
+    assert local.step_count == 4 and freezable.step_count == 4
+    assert torch.allclose(mine, theirs.detach(), rtol=0, atol=1e-6)
+    assert torch.allclose(frozen.detach(), again.detach(), rtol=0, atol=1e-6)
