@@ -182,7 +182,9 @@ class Compressor(ABC):
         afterwards, and the payload holds copies of its entries)."""
         sent = self.sent_indices(payload, ctx)
         if sent is not None:
-            return ops.reshape(ops.zero_at(ops.flatten(compensated), sent, overwrite), ctx.shape)
+            return ops.reshape(ops.zero_at(ops.flatten(compensated), sent, overwrite,
+                                           after=[p for p in payload if p is not sent]),
+                               ctx.shape)
         return self.decoded_residual(compensated, payload, ctx, ops, overwrite)
 
     def decoded_residual(self, compensated: Tensor, payload: Payload, ctx: Context, ops: Ops,

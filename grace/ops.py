@@ -261,11 +261,13 @@ class Ops(ABC):
         of the 2-d ``rows`` added at its position (``positions``: one int64 per row); repeated
         positions add up. ``count`` may be a scalar tensor in a traced graph."""
 
-    def zero_at(self, x: Tensor, indices: Tensor, overwrite: bool = False) -> Tensor:
+    def zero_at(self, x: Tensor, indices: Tensor, overwrite: bool = False,
+                after: Sequence[Tensor] = ()) -> Tensor:
         """1-d ``x`` with zeros at ``indices`` (repeated indices allowed), as a new tensor; with
         ``overwrite``, ``x`` is not used afterwards and an adapter may zero it where it is (no copy
-        of the tensor). An adapter overrides it with its one-pass fill; this composite takes
-        three."""
+        of the tensor), once the tensors ``after`` (those read from ``x``: in a traced graph the
+        order is the data's alone) are computed. An adapter overrides it with its one-pass fill;
+        this composite takes three."""
         n = self.numel(x)
         hits = self.scatter_add(n, indices, self.full(self.size(indices), 1.0, self.dtype(x), like=x))
         return self.where(self.equal(hits, 0.0), x, self.zeros(n, self.dtype(x), like=x))

@@ -4,7 +4,7 @@ and the fused exchange of buckets of tensors."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generator, Sequence
 
 from grace import hierarchy
 from grace.bucketing import DEFAULT_BUCKET_BYTES, bucket_tag, form_buckets
@@ -88,6 +88,23 @@ class Exchange:
             for position, shape, piece in zip(entry.positions, entry.shapes, pieces):
                 out[position] = ops.reshape(piece, shape)
         return out[0] if self.single else out
+
+
+def _run_together(steps: list[Generator]) -> list:
+    """Advance every generator one step at a time, in order, until each has returned; their
+    return values, in order. Every worker so issues the buckets' rounds in the same order."""
+    results: list = [None] * len(steps)
+    pending = list(enumerate(steps))
+    while pending:
+        still = []
+        for index, step in pending:
+            try:
+                next(step)
+                still.append((index, step))
+            except StopIteration as done:
+                results[index] = done.value
+        pending = still
+    return results
 
 
 def _sum_payloads(payloads: list, ops: Ops) -> list:
@@ -588,9 +605,16 @@ class Pipeline:
     def _collect(self, entries: list[Entry], sent: Sent, tag: str, group: Collectives, ops: Ops,
                  scale: float) -> tuple[list[Tensor], Tensor | None]:
         """The entries' sums over workers times ``scale``, their state writes still pending, and
-        the bucket's flag. A compressor of several rounds computes each next payload from the
-        previous one summed over workers (PowerSGD: Q from the summed P); error feedback keeps what
-        this worker's own last payload leaves out. Each round is one exchange for the bucket."""
+        the bucket's flag (``_rounds`` run to its end)."""
+        return _run_together([self._rounds(entries, sent, tag, group, ops, scale)])[0]
+
+    def _rounds(self, entries: list[Entry], sent: Sent, tag: str, group: Collectives, ops: Ops,
+                scale: float) -> Generator[None, None, tuple[list[Tensor], Tensor | None]]:
+        """``_collect`` as steps: it pauses each time it has sent a round, so that the buckets of a
+        step can each send their next round before any waits for one (``_run_together``). A
+        compressor of several rounds computes each next payload from the previous one summed over
+        workers (PowerSGD: Q from the summed P); error feedback keeps what this worker's own last
+        payload leaves out. Each round is one exchange for the bucket."""
         payloads, flag = self._receive(sent, group, ops)
         step = 1
         while True:
@@ -612,6 +636,7 @@ class Pipeline:
                                             entry.ctx, ops)
             round_entries = [entries[i] for i in later]
             round_sent = self._send_round(round_entries, f"{tag}.{step}", group, ops, None)
+            yield  # the other buckets send theirs while this round travels
             received, _ = self._receive(round_sent, group, ops)
             for i, payload in zip(later, received):
                 payloads[i] = payload
@@ -651,9 +676,13 @@ class Pipeline:
             for communicator, _, started in exchange.sent.groups:
                 communicator.relay(started, group, exchange.ops)
         flags, entries = [], []
-        for exchange in exchanges:
+        # A bucket's later rounds (PowerSGD's second) are sent for every bucket before any is
+        # awaited: one bucket's round then travels while the next computes its own, instead of
+        # each round trip in turn.
+        collected = _run_together([self._rounds(e.live, e.sent, e.tag, group, e.ops, scale)
+                                   for e in exchanges])
+        for exchange, (totals, flag) in zip(exchanges, collected):
             ops = exchange.ops
-            totals, flag = self._collect(exchange.live, exchange.sent, exchange.tag, group, ops, scale)
             for entry, total in zip(exchange.live, totals):
                 entry.result = total
             for entry in exchange.entries:

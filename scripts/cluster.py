@@ -11,6 +11,11 @@ start with ``grace-`` and addresses are in 10.231.0.0/16, inside namespaces this
     sudo python scripts/cluster.py run --hosts 2 --workers-per-host 2 -- python train.py
     sudo python scripts/cluster.py iperf --rate 100mbit          # measure a shaped transfer
     sudo python scripts/cluster.py cleanup                       # remove leftovers of a killed run
+
+Each host's workers run on cores of their own (``taskset``; ``host_cpus``), as on machines of
+their own: left to the scheduler, two workers' busy threads could share one core while the other
+waited on softirqs, and a step's time moved by a third between runs (docs/results.md, "Hosts on
+cores of their own"). ``--no-pin`` (``pin=False``) leaves them to the scheduler.
 """
 
 from __future__ import annotations
@@ -46,6 +51,16 @@ def can_emulate() -> tuple[bool, str]:
         if subprocess.run(["which", tool], capture_output=True).returncode != 0:
             return False, f"`{tool}` (Debian's iproute2) is missing; falling back to unshaped localhost"
     return True, ""
+
+
+def host_cpus(host: int, hosts: int, cpus: int | None = None) -> list[int]:
+    """The cores host ``host`` of ``hosts`` runs on, of this machine's ``cpus``: an equal block of
+    its own where there are at least as many cores as hosts, else one core shared round-robin."""
+    cpus = cpus or os.cpu_count() or 1
+    if hosts <= cpus:
+        width = cpus // hosts
+        return list(range(host * width, (host + 1) * width))
+    return [host % cpus]
 
 
 def rate_bits(rate: str | None) -> float | None:
@@ -89,14 +104,17 @@ def cleanup(tag: str = "") -> list[str]:
 class EmulatedCluster:
     """``hosts`` namespaces ``grace-<tag>-h<i>`` with address 10.231.<subnet>.<i+1> on ``eth0``,
     joined by a bridge in ``grace-<tag>-sw``; with ``rate`` (a tc rate, e.g. ``1gbit``) both
-    directions of every host's link are shaped by ``tbf``. A context manager: leaving it, by return,
+    directions of every host's link are shaped by ``tbf``; with ``pin``, the workers ``launch_args``
+    starts on a host run on its cores (``host_cpus``). A context manager: leaving it, by return,
     exception or signal, deletes the namespaces."""
 
-    def __init__(self, hosts: int, rate: str | None = None, tag: str | None = None):
+    def __init__(self, hosts: int, rate: str | None = None, tag: str | None = None,
+                 pin: bool = True):
         if int(hosts) < 1:
             raise ValueError(f"hosts must be at least 1, got {hosts}")
         self.hosts = int(hosts)
         self.rate = rate if rate_bits(rate) is not None else None
+        self.pin = pin
         self.tag = tag or f"{os.getpid() % 10000}"
         self.subnet = int(self.tag) % 250 + 1 if self.tag.isdigit() else 1
         self.switch = f"{PREFIX}{self.tag}-sw"
@@ -193,20 +211,27 @@ class EmulatedCluster:
         slots = [min(per_host, np - i * per_host) for i in range(needed)]
         hosts = ",".join(f"{name}:{k}" for name, k in zip(self.names, slots))
         return self.exec_args(0, [sys.executable, os.path.abspath(__file__), "launch", "--hosts",
-                                  hosts, "--server", self.addresses[0], "--np", str(np), "--",
-                                  *command])
+                                  hosts, "--server", self.addresses[0], "--np", str(np),
+                                  *(["--pin"] if self.pin else []), "--", *command])
 
 
-def launch(hosts: str, server: str, np: int, command: list[str], verbose: bool = False) -> None:
+def launch(hosts: str, server: str, np: int, command: list[str], verbose: bool = False,
+           pin: bool = False) -> None:
     """Horovod's Gloo launcher, run inside the first host: every worker is started through
-    ``ip netns exec <host>`` in place of ``ssh <host>``; the rendezvous server listens here."""
+    ``ip netns exec <host>`` in place of ``ssh <host>`` (and ``taskset`` onto the host's cores,
+    with ``pin``); the rendezvous server listens here."""
     from horovod.runner.common.util import safe_shell_exec
     from horovod.runner.gloo_run import launch_gloo
 
     cwd = os.getcwd()
+    order = [entry.split(":")[0] for entry in hosts.split(",")]
 
     def exec_command(cmd, slot_info, events):
-        wrapped = (f"ip netns exec {shlex.quote(slot_info.hostname)} sh -c "
+        cores = ""
+        if pin:
+            cpus = host_cpus(order.index(slot_info.hostname), len(order))
+            cores = f"taskset -c {','.join(map(str, cpus))} "
+        wrapped = (f"ip netns exec {shlex.quote(slot_info.hostname)} {cores}sh -c "
                    f"{shlex.quote(f'cd {shlex.quote(cwd)} && {cmd}')}")
         if verbose:
             print(wrapped, flush=True)
@@ -262,6 +287,8 @@ def main() -> None:
     run.add_argument("--rate", default="unshaped", help="tc rate per link, e.g. 100mbit, 1gbit")
     run.add_argument("--workers-per-host", type=int, default=1,
                      help="Horovod workers on each host (local ranks); they share its link")
+    run.add_argument("--no-pin", action="store_true",
+                     help="leave the workers to the scheduler instead of each host's own cores")
     run.add_argument("command", nargs=argparse.REMAINDER)
     perf = sub.add_parser("iperf", help="measure a shaped link with one TCP transfer")
     perf.add_argument("--rate", default="100mbit")
@@ -271,6 +298,7 @@ def main() -> None:
     inner.add_argument("--hosts", required=True)
     inner.add_argument("--server", required=True)
     inner.add_argument("--np", type=int, required=True)
+    inner.add_argument("--pin", action="store_true")
     inner.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = [a for a in getattr(args, "command", []) if a != "--"] if args.cmd != "cleanup" else []
@@ -280,7 +308,7 @@ def main() -> None:
     elif args.cmd == "launch":
         code = 0
         try:
-            launch(args.hosts, args.server, args.np, command)
+            launch(args.hosts, args.server, args.np, command, pin=args.pin)
         except RuntimeError as e:  # a worker failed; Horovod has stopped the others
             print(e, file=sys.stderr, flush=True)
             code = 1
@@ -291,7 +319,7 @@ def main() -> None:
             bps = measure_throughput(cluster, args.mib * 2**20)
         print(f"{args.rate}: measured {bps / 1e6:.1f} Mbit/s")
     else:
-        with EmulatedCluster(args.hosts, args.rate) as cluster:
+        with EmulatedCluster(args.hosts, args.rate, pin=not args.no_pin) as cluster:
             code = subprocess.call(cluster.launch_args(args.hosts * args.workers_per_host, command,
                                                        args.workers_per_host))
         sys.exit(code)

@@ -88,7 +88,8 @@ def run_one(fw, workload, compression, rate, workers, args, emulate: bool, extra
     try:
         if emulate:
             per_host = args.workers_per_host
-            with cluster.EmulatedCluster(-(-workers // per_host), rate) as net:
+            with cluster.EmulatedCluster(-(-workers // per_host), rate,
+                                        pin=not getattr(args, "no_pin", False)) as net:
                 output = _run(net.launch_args(workers, command, per_host), args.timeout)
         else:
             horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
@@ -269,6 +270,9 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--steps", type=int, default=60, help="steps per epoch (mnist, lstm)")
     parser.add_argument("--exchange-steps", type=int, default=4, help="steps per epoch (exchange)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="leave the emulated hosts' workers to the scheduler instead of each "
+                             "host's own cores (scripts/cluster.py)")
     parser.add_argument("--seed", type=int, default=0,
                         help="the workers' seed (initial weights, data order, synthetic data)")
     parser.add_argument("--out", default=os.path.join(ROOT, "out", "compare"))

@@ -62,6 +62,13 @@ def test_bad_rate_is_refused_before_anything_is_built():
         cluster.EmulatedCluster(0)
 
 
+def test_hosts_get_cores_of_their_own_or_share_them_round_robin():
+    assert [cluster.host_cpus(h, 2, cpus=2) for h in range(2)] == [[0], [1]]
+    assert [cluster.host_cpus(h, 2, cpus=5) for h in range(2)] == [[0, 1], [2, 3]]
+    assert [cluster.host_cpus(h, 3, cpus=2) for h in range(3)] == [[0], [1], [0]]
+    assert cluster.host_cpus(0, 1, cpus=2) == [0, 1]
+
+
 def test_shaped_link_limits_a_transfer():
     """A TCP transfer of 4 MiB across a 40 Mbit/s link runs at that rate (TCP and framing overheads
     keep it a little under; the token bucket's burst lets it start a little over), while the
@@ -103,7 +110,7 @@ def test_two_host_comparison_on_tiny_settings(tmp_path):
 
 
 HOSTS_PROBE = """
-import json, torch, horovod.torch as hvd
+import json, os, torch, horovod.torch as hvd
 hvd.init()
 def eth0():
     with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
@@ -111,7 +118,8 @@ def eth0():
 before = eth0()
 hvd.allreduce(torch.ones(2**20), name="probe")  # 4 MiB each way around the ring
 print("PROBE " + json.dumps([hvd.rank(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(),
-                             hvd.cross_size(), eth0() - before]), flush=True)
+                             hvd.cross_size(), eth0() - before, sorted(os.sched_getaffinity(0))]),
+      flush=True)
 """
 
 
@@ -133,6 +141,9 @@ def test_several_workers_per_host_are_local_ranks_and_talk_over_loopback(tmp_pat
     rows = probe(tmp_path, 2, 2)
     assert [(r[0], r[1], r[2], r[3], r[4]) for r in rows] == [
         (0, 0, 2, 0, 2), (1, 1, 2, 0, 2), (2, 0, 2, 1, 2), (3, 1, 2, 1, 2)]
+    # Each host's workers on its own cores (the machine's split between the 2 hosts).
+    assert [r[6] for r in rows] == [cluster.host_cpus(r[3], 2) for r in rows]
+    assert set(rows[0][6]).isdisjoint(rows[2][6])
     alone = probe(tmp_path, 1, 2)  # one host: the ring stays inside it
     assert all(r[5] < 2**20 for r in alone), alone
     apart = probe(tmp_path, 2, 1)

@@ -47,11 +47,28 @@ class Counting:
         return self.worker.synchronize(h)
 
 
-def exchange(pipelines, steps=2, bucketed=True, grads=gradients, scale=0.5):
+class Ordered(Counting):
+    """Counting, and each wait too, named after the collective it waits for."""
+
+    def __init__(self, worker):
+        super().__init__(worker)
+        self.names: dict = {}
+
+    def allreduce_async(self, t, n):
+        handle = super().allreduce_async(t, n)
+        self.names[id(handle)] = n
+        return handle
+
+    def synchronize(self, h):
+        self.calls.append(("wait", self.names.get(id(h))))
+        return super().synchronize(h)
+
+
+def exchange(pipelines, steps=2, bucketed=True, grads=gradients, scale=0.5, recorder=Counting):
     """``steps`` steps on 2 in-process workers, each in a thread; per worker, per step, its
     results, and per worker its counting collectives."""
     group = InProcessGroup(2)
-    workers = [Counting(group.worker(r)) for r in range(2)]
+    workers = [recorder(group.worker(r)) for r in range(2)]
     names = [f"t{i}" for i in range(len(grads(0, 0)))]
     results = [[] for _ in pipelines]
     # Each step's collectives are complete everywhere before the next reuses their names.
@@ -95,6 +112,26 @@ def test_one_collective_per_bucket_and_round(name):
     assert len(calls) <= len(buckets) * rounds + 2, calls
     assert len(buckets) == (1 if name == "none" else 2)  # the dense tensors, the compressed ones
     assert not any(n.endswith(".nonfinite") for _, n in calls)  # the flag rides in the payload
+
+
+def test_every_buckets_second_round_is_sent_before_any_is_awaited():
+    """PowerSGD's buckets each send their second round before the step waits for the first of
+    them, so that the rounds travel together instead of one round trip after another; the results
+    are those of the buckets taken one by one (tensor by tensor, above)."""
+    small = 3000 * 4  # the largest matrix a bucket, the two others another
+    pipelines = [grace.powersgd(rank=2, min_numel=1024, bucket_bytes=small) for _ in range(2)]
+    results, workers = exchange(pipelines, steps=2, recorder=Ordered)
+    calls = workers[0].calls
+    sent = [i for i, (kind, n) in enumerate(calls) if kind == "allreduce" and ".2." in n]
+    awaited = [i for i, (kind, n) in enumerate(calls) if kind == "wait" and n and ".2." in n]
+    per_step = len(sent) // 2
+    assert per_step == 2, calls
+    assert max(sent[:per_step]) < min(awaited[:per_step]), calls
+    alone, _ = exchange([grace.powersgd(rank=2, min_numel=1024) for _ in range(2)], steps=2,
+                        bucketed=False)
+    for step_a, step_b in zip(results[0], alone[0]):
+        for x, y in zip(step_a, step_b):
+            np.testing.assert_array_equal(x, y)
 
 
 @pytest.mark.parametrize("name", COMPRESSORS)

@@ -168,6 +168,85 @@ def test_tensorflows_zero_at_on_either_side_of_the_host_copy(n):
     assert kernels.applies(ops, [tensor]) == (n >= native.CROSSING_MIN_NUMEL)
 
 
+@pytest.mark.parametrize("make", [grace.topk, grace.randomk])
+def test_tensorflows_residual_is_the_sums_buffer_zeroed_after_its_values_are_read(make, monkeypatch):
+    """Traced, error feedback's residual is the compensated sum's own buffer with the sent entries
+    zeroed in place (``native.zero_in_place``, no copy), and only once the payload has read them:
+    the values sent are the sum's, the residual is the sum with zeros where they were, the same
+    bits as the copy's, and nothing is copied."""
+    import tensorflow as tf
+
+    from frameworks.tensorflow.ops import TensorFlowOps
+
+    ops = TensorFlowOps()
+    calls = {"zero_in_place": 0, "zeroed_copy": 0}
+    for name in calls:
+        def counted(*args, _name=name, _fn=getattr(native, name)):
+            calls[_name] += 1
+            return _fn(*args)
+        monkeypatch.setattr(native, name, counted)
+    n = native.CROSSING_MIN_NUMEL * 2
+    rng = np.random.default_rng(0)
+    g, r = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    compressor = make(0.01).compressor
+
+    @tf.function
+    def step(gradient, residual):
+        compensated = ops.add(gradient, residual)
+        payload, ctx = compressor.compress(compensated, "w", ops)
+        left = compressor.residual(compensated, payload, ctx, ops, overwrite=True)
+        return payload[0], compressor.sent_indices(payload, ctx), left
+
+    values, sent, left = (t.numpy() for t in step(tf.constant(g), tf.constant(r)))
+    total = g + r
+    np.testing.assert_array_equal(values, total[sent])
+    assert np.count_nonzero(values) == len(sent) > 0  # read before the zeroing, not after
+    expected = total.copy()
+    expected[sent] = 0.0
+    np.testing.assert_array_equal(left, expected)
+    assert calls == {"zero_in_place": 1, "zeroed_copy": 0}
+    # The order is the graph's, not the executor's luck: the values are an input of the zeroing.
+    graph = step.get_concrete_function(tf.constant(g), tf.constant(r)).graph
+    sent_values, _, zeroed = (_through_identities(t) for t in graph.outputs)
+    assert sent_values.op in _ancestors(zeroed.op)
+
+
+def _through_identities(t):
+    while t.op.type in ("Identity", "Reshape"):
+        t = t.op.inputs[0]
+    return t
+
+
+def _ancestors(op) -> set:
+    seen, todo = set(), [op]
+    while todo:
+        for t in todo.pop().inputs:
+            if t.op not in seen:
+                seen.add(t.op)
+                todo.append(t.op)
+    return seen
+
+
+def test_tensorflow_zeroes_in_place_only_a_sum_of_its_own():
+    """With ``overwrite``, an eager tensor (the caller may hold it) and a traced ``Identity`` (its
+    input's buffer, a user's gradient) are copied, not zeroed where they are."""
+    import tensorflow as tf
+
+    from frameworks.tensorflow.ops import TensorFlowOps
+
+    ops = TensorFlowOps()
+    n = native.CROSSING_MIN_NUMEL + 5
+    x = np.linspace(1.0, 2.0, n).astype(np.float32)
+    indices = tf.constant([0, 7, n - 1])
+    expected = x.copy()
+    expected[[0, 7, n - 1]] = 0.0
+    tensor = tf.constant(x)
+    np.testing.assert_array_equal(ops.zero_at(tensor, indices, overwrite=True).numpy(), expected)
+    traced = tf.function(lambda t: ops.zero_at(ops.copy(t), indices, overwrite=True))
+    np.testing.assert_array_equal(traced(tensor).numpy(), expected)
+    np.testing.assert_array_equal(tensor.numpy(), x)
+
+
 @pytest.mark.parametrize("n, k", [(20, 5), (20, 15), (6, 2)])
 def test_random_k_draws_every_subset_alike(n, k):
     """Random-k's draw is a uniform choice without replacement: over 6,000 fixed seeds every

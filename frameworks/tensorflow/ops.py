@@ -50,6 +50,18 @@ def _host(fn, inputs, dtypes, shapes, stateful=False):
     return outputs[0] if single else outputs
 
 
+def _own_sum(x) -> bool:
+    """Whether ``x`` is, through reshapes, the output of an addition in a traced graph: a buffer
+    of its own (TensorFlow gives an addition an input's buffer only where nothing else reads that
+    input), unlike an eager tensor the caller may hold, or an ``Identity``, which shares its
+    input's. Error feedback's compensated tensor (``ResidualMemory.compensate``) is one."""
+    if tf.executing_eagerly() or not hasattr(x, "op"):
+        return False
+    while x.op.type == "Reshape":
+        x = x.op.inputs[0]
+    return x.op.type in ("AddV2", "Add")
+
+
 def _unpack_table(bits: int):
     """``grace.ops.unpack_table`` as a constant of the graph."""
     return tf.constant(unpack_table(bits))
@@ -162,8 +174,12 @@ class TensorFlowOps(Ops):
     def add_rows(self, count, positions, rows):
         return tf.math.unsorted_segment_sum(rows, positions, tf.cast(count, tf.int64))
 
-    def zero_at(self, x, indices, overwrite=False):
+    def zero_at(self, x, indices, overwrite=False, after=()):
         if kernels.applies(self, [x]):
+            if overwrite and _own_sum(x):
+                # No copy: the sum's buffer becomes the residual, once what reads it has read it
+                # (docs/performance.md, "TensorFlow's residual in place").
+                return _host(native.zero_in_place, [x, indices, *after], x.dtype, x.shape)
             # One copy on the host: TensorFlow's scatter copies x and then writes k entries at
             # twice a copy's cost (docs/performance.md, "TensorFlow's residual").
             return _host(native.zeroed_copy, [x, indices], x.dtype, x.shape)

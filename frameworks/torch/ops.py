@@ -161,7 +161,7 @@ class TorchOps(Ops):
         out = torch.zeros((int(count), rows.shape[1]), dtype=rows.dtype, device=rows.device)
         return out.index_add_(0, positions.to(torch.int64), rows)
 
-    def zero_at(self, x, indices, overwrite=False):
+    def zero_at(self, x, indices, overwrite=False, after=()):
         return (x if overwrite else x.clone()).index_fill_(0, indices.long(), 0)
 
     def full(self, n, value, dtype, like):

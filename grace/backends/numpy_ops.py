@@ -100,7 +100,7 @@ class NumpyOps(Ops):
         np.add.at(out, np.asarray(positions, dtype=np.int64), rows)
         return out
 
-    def zero_at(self, x, indices, overwrite=False):
+    def zero_at(self, x, indices, overwrite=False, after=()):
         out = x if overwrite and isinstance(x, np.ndarray) and x.flags.writeable else np.array(x, copy=True)
         out[np.asarray(indices, dtype=np.int64)] = 0
         return out

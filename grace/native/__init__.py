@@ -498,6 +498,15 @@ def zeroed_copy(x: np.ndarray, indices: np.ndarray) -> np.ndarray:
     return out
 
 
+def zero_in_place(x: np.ndarray, indices: np.ndarray, *after: np.ndarray) -> np.ndarray:
+    """1-d ``x`` with zeros at ``indices``, written where it is (no copy), for a tensor nothing
+    reads afterwards; ``after``: inputs that order the call after their computation, unused. A
+    read-only ``x`` is copied first."""
+    out = x.reshape(-1) if x.flags.writeable else np.array(x.reshape(-1))
+    out[np.asarray(indices)] = 0
+    return out
+
+
 def two_sided(x: np.ndarray, top: np.ndarray, bottom: np.ndarray):
     """AdaQ's selection: the indices (int64, in order) of ``x >= top`` among the positive elements
     and of ``x <= bottom`` among the negative ones, and their float64 sums and counts."""
