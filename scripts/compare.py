@@ -88,8 +88,7 @@ def run_one(fw, workload, compression, rate, workers, args, emulate: bool, extra
     try:
         if emulate:
             per_host = args.workers_per_host
-            with cluster.EmulatedCluster(-(-workers // per_host), rate,
-                                        pin=not getattr(args, "no_pin", False)) as net:
+            with cluster.EmulatedCluster(-(-workers // per_host), rate, pin=not args.no_pin) as net:
                 output = _run(net.launch_args(workers, command, per_host), args.timeout)
         else:
             horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")

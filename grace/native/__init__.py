@@ -501,8 +501,10 @@ def zeroed_copy(x: np.ndarray, indices: np.ndarray) -> np.ndarray:
 def zero_in_place(x: np.ndarray, indices: np.ndarray, *after: np.ndarray) -> np.ndarray:
     """1-d ``x`` with zeros at ``indices``, written where it is (no copy), for a tensor nothing
     reads afterwards; ``after``: inputs that order the call after their computation, unused. A
-    read-only ``x`` is copied first."""
-    out = x.reshape(-1) if x.flags.writeable else np.array(x.reshape(-1))
+    read-only ``x`` gets ``zeroed_copy`` instead."""
+    if not x.flags.writeable:
+        return zeroed_copy(x, indices)
+    out = x.reshape(-1)
     out[np.asarray(indices)] = 0
     return out
 
