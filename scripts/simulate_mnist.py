@@ -19,6 +19,9 @@ optimizer's momentum is taken over where the compressor owns it, as the wrappers
   instead, with error feedback, then steps by the learning rate without further momentum, as
   Chen et al.'s quantized Adam with error feedback does (ACM TIST 2021): Adam then divides by the
   root mean square of dense gradients, and the bursts are of updates, not gradients.
+- **random-k's floor** (docs/quality.md, "With Adam"): which tensors its delay costs accuracy on
+  (``randomk:min_kept=1;min_numel=4096`` sends the output layer dense) and how many entries of a
+  small tensor to keep (``randomk:min_kept=K``).
 - **the shards' owners against gathering at more workers** (docs/results.md, "Accuracy through the
   owners"): ``--workers 8``.
 

@@ -101,7 +101,8 @@ def onebit_with_residual(bucket=512):
 
 
 def randomk_with_residual(ratio, seed):
-    """Random-k with indices from the seed every worker derives from (seed, name, step)."""
+    """Random-k with indices from the seed every worker derives from (seed, name, step), as the
+    workers build it with ``min_kept=1``: ``ratio`` of every tensor, at least one entry."""
     from grace.compressors.randomk import RandomK
     from grace.rng import reference_indices  # the draw's definition, in numpy
 

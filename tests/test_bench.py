@@ -58,7 +58,7 @@ def test_payload_is_what_the_compressor_promises(report, name):
 def test_known_payload_sizes(report):
     table = rows(report)
     assert table[("torch", "signsgd")]["payload_bytes"] == math.ceil(NUMEL / 8)
-    assert table[("torch", "randomk")]["payload_bytes"] == 4 * int(0.01 * NUMEL)
+    assert table[("torch", "randomk")]["payload_bytes"] == 4 * int(0.01 * NUMEL)  # above the floor
 
 
 def test_ratio_is_the_quotient_of_the_reported_times(report):

@@ -335,7 +335,9 @@ def test_bit_counts_of_payloads(tensor, numel):
     assert nbytes(grace.sketch(64)) == [64 * 4, numel]
     k = min(numel, max(16, int(0.01 * numel)))                         # at least 16 (kept)
     assert nbytes(grace.topk(0.01)) == [4 * k, 4 * k]                # int32 indices
-    assert nbytes(grace.randomk(0.01)) == [4 * max(1, int(0.01 * numel))]  # no floor: values only
+    floor = min(numel, max(1024, int(0.01 * numel)))                  # at least 1024 (min_kept)
+    assert nbytes(grace.randomk(0.01)) == [4 * floor]                  # values only
+    assert nbytes(grace.randomk(0.01, min_kept=1)) == [4 * max(1, int(0.01 * numel))]
     assert nbytes(grace.fp16()) == [2 * numel]
 
 

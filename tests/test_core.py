@@ -56,7 +56,19 @@ def test_topk_keeps_at_least_sixteen_entries_of_a_tensor():
     assert TopK(0.01).k(5000) == 50 and TopK(0.001).k(1280) == 16
 
 
-@pytest.mark.parametrize("compressor", [TopK(0.1), RandomK(0.1, seed=5), FP16(), NoneCompressor()],
+def test_randomk_keeps_at_least_min_kept_entries_of_a_tensor():
+    # The floor bounds a small tensor's delay (numel / k steps between an element's sends) where
+    # 1% would wait 100 steps; large tensors keep their ratio.
+    assert RandomK(0.01).min_kept == 1024
+    assert RandomK(0.01).k(500) == 500 and RandomK(0.01).k(2560) == 1024
+    assert RandomK(0.01).k(102_400) == 1024 and RandomK(0.01).k(400_000) == 4000
+    assert RandomK(0.01, min_kept=1).k(2560) == 25 and RandomK(0.01, min_kept=1).k(50) == 1
+    with pytest.raises(ValueError, match=r"min_kept must be an int >= 1, got 0"):
+        grace.randomk(min_kept=0)
+
+
+@pytest.mark.parametrize("compressor",
+                         [TopK(0.1), RandomK(0.1, seed=5, min_kept=1), FP16(), NoneCompressor()],
                          ids=lambda c: c.name)
 def test_residual_memory_keeps_exactly_what_was_not_sent(tensor, compressor):
     rng = np.random.default_rng(1)
@@ -78,7 +90,7 @@ def test_residual_memory_keeps_exactly_what_was_not_sent(tensor, compressor):
 
 def test_randomk_same_seed_same_indices_private_generator(tensor):
     x = np.arange(1000, dtype=np.float32)
-    workers = [RandomK(0.05, seed=7) for _ in range(2)]
+    workers = [RandomK(0.05, seed=7, min_kept=1) for _ in range(2)]
     np.random.seed(123)
     torch.manual_seed(123)
     state_np, state_torch = np.random.get_state()[1].copy(), torch.get_rng_state().clone()
@@ -92,7 +104,7 @@ def test_randomk_same_seed_same_indices_private_generator(tensor):
         assert len(set(picked[0].tolist())) == 50
         steps.append(picked[0])
     assert not np.array_equal(steps[0], steps[1])  # fresh indices each step
-    _, other = RandomK(0.05, seed=7).compress(tensor(x), "other_layer")
+    _, other = RandomK(0.05, seed=7, min_kept=1).compress(tensor(x), "other_layer")
     assert not np.array_equal(as_numpy(other.data["indices"]), steps[0])
     np.testing.assert_array_equal(np.random.get_state()[1], state_np)  # global RNGs untouched
     assert torch.equal(torch.get_rng_state(), state_torch)
@@ -120,7 +132,7 @@ def test_fp16_round_trip_keeps_dtype_and_halves_bytes(tensor):
     np.testing.assert_array_equal(out, x.astype(np.float16).astype(np.float32))
 
 
-@pytest.mark.parametrize("make", [lambda: TopK(0.07), lambda: RandomK(0.07, seed=1), FP16,
+@pytest.mark.parametrize("make", [lambda: TopK(0.07), lambda: RandomK(0.07, seed=1, min_kept=1), FP16,
                                   NoneCompressor], ids=["topk", "randomk", "fp16", "none"])
 def test_numpy_reference_agrees_with_torch(make):
     x = np.random.default_rng(3).standard_normal((13, 17)).astype(np.float32)
@@ -168,8 +180,9 @@ def test_pipeline_average_of_topk_over_workers(communicator):
 def test_pipeline_randomk_allreduce_equals_allgather():
     rng = np.random.default_rng(5)
     grads = [rng.standard_normal(3000).astype(np.float32) for _ in range(2)]
-    via_reduce, p1 = run_workers(lambda: grace.randomk(0.02, seed=9), grads)
-    via_gather, p2 = run_workers(lambda: grace.randomk(0.02, seed=9, communicator="allgather"), grads)
+    via_reduce, p1 = run_workers(lambda: grace.randomk(0.02, seed=9, min_kept=1), grads)
+    via_gather, p2 = run_workers(
+        lambda: grace.randomk(0.02, seed=9, min_kept=1, communicator="allgather"), grads)
     np.testing.assert_allclose(via_reduce[0], via_gather[0], rtol=1e-6)
     assert p1[0].stats()["bytes_sent"] == 60 * 4  # values only
 

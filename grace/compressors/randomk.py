@@ -1,18 +1,22 @@
 from __future__ import annotations
 
 from grace.compressor import Compressor, Seeded, Sparse, numel_of
-from grace.validation import check_bool, check_ratio
+from grace.validation import check_bool, check_int, check_ratio
 
 
 class RandomK(Seeded, Sparse, Compressor):
-    """Random-k sparsification: each step keeps ``k = max(1, int(ratio * numel))`` entries chosen
-    uniformly at random and sends only their values. The indices are never sent: every worker draws
+    """Random-k sparsification: each step keeps ``k = max(min_kept, int(ratio * numel))`` entries
+    (all of a tensor no larger than ``min_kept``) chosen uniformly at random and sends only their
+    values. The indices are never sent: every worker draws
     the same ones from a private generator seeded by (``seed``, tensor name, step), so payloads share
     one layout and allreduce can sum them. With ``scale=True`` the values are multiplied by
     ``numel / k``, which makes the estimate unbiased; by default the dropped part is kept by error
     feedback instead (the ``delayed`` memory, which turns the optimizer's momentum off: momentum on
-    updates delayed ~1/ratio steps diverges). Stich et al., "Sparsified SGD with Memory", NeurIPS
-    2018."""
+    updates delayed ~1/ratio steps diverges). An element waits about ``numel / k`` steps between
+    sends; the floor of ``min_kept`` (1,024 values, the pipeline's default ``min_numel``, so that no
+    compressed tensor sends fewer values than a dense one just below it) bounds that wait on small
+    tensors such as an output layer, where it costs most accuracy (docs/quality.md, "With Adam").
+    Stich et al., "Sparsified SGD with Memory", NeurIPS 2018."""
 
     name = "randomk"
     summable = True
@@ -21,20 +25,23 @@ class RandomK(Seeded, Sparse, Compressor):
     encodes_rows = False
     adam_caution = (
         "its error feedback sends each element about every 1/ratio steps, and Adam divides those "
-        "bursts by their own size: measured on mnist it ends about 2 points below uncompressed "
-        "Adam, at 10% of the elements still 1.5; with Adam prefer topk or dgc (docs/quality.md, "
+        "bursts by their own size: measured on mnist it ends 1-2 points below uncompressed Adam "
+        "(at 10% of the elements still 1.5); with Adam prefer topk or dgc (docs/quality.md, "
         "'With Adam')")
 
-    def __init__(self, ratio: float = 0.01, seed: int = 0, scale: bool = False):
+    def __init__(self, ratio: float = 0.01, seed: int = 0, scale: bool = False,
+                 min_kept: int = 1024):
         self.ratio = check_ratio("ratio", ratio)
         self._init_seed(seed)
         self.scale = check_bool("scale", scale)
+        self.min_kept = check_int("min_kept", min_kept, minimum=1)
 
     def params(self):
-        return {"ratio": self.ratio, "seed": self.seed, "scale": self.scale}
+        return {"ratio": self.ratio, "seed": self.seed, "scale": self.scale,
+                "min_kept": self.min_kept}
 
     def k(self, numel: int) -> int:
-        return max(1, int(self.ratio * numel))
+        return min(numel, max(self.min_kept, int(self.ratio * numel)))
 
     def step_seed(self, name: str, step: int) -> int:
         """The generator's seed for ``name`` at ``step``: a stable hash (Python's ``hash`` differs

@@ -13,7 +13,7 @@ STATEFUL = {
     "topk": {"ratio": 0.05},
     "dgc": {"ratio": 0.05, "sample_ratio": 0.2, "warmup_steps": 2},  # and the warm-up's counter
     "powersgd": {"rank": 2},
-    "randomk": {"ratio": 0.05, "seed": 3},
+    "randomk": {"ratio": 0.05, "seed": 3, "min_kept": 1},  # sparse on the 1,280 elements of W
     "signum": {},
     "qsgd": {},
     "efsignsgd": {},

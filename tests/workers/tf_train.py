@@ -132,7 +132,7 @@ scenarios = {
     "keras_topk_alltoall": lambda: keras_fit("keras_topk_alltoall",
                                              grace.topk(0.05, communicator="alltoall"), False),
     "tape_function_randomk": lambda: tape_training("tape_function_randomk",
-                                                   grace.randomk(0.05, seed=3), True),
+                                                   grace.randomk(0.05, seed=3, min_kept=1), True),
     "tape_function_fp16_sum": lambda: tape_training("tape_function_fp16_sum", grace.fp16(), True,
                                                     op=hvd.Sum),
     "tape_function_topk_groups": lambda: tape_training("tape_function_topk_groups", grace.topk(0.05),
@@ -147,10 +147,11 @@ scenarios = {
     # The optimizer's momentum taken over (grace.momentum): Keras, TF1, and warm-up under tf.function.
     "keras_dgc_momentum": lambda: keras_fit("keras_dgc_momentum", grace.dgc(0.05, sample_ratio=1.0),
                                             False, momentum=0.9),
-    "keras_randomk_adam": lambda: keras_fit("keras_randomk_adam", grace.randomk(0.05, seed=3), False,
+    "keras_randomk_adam": lambda: keras_fit("keras_randomk_adam",
+                                            grace.randomk(0.05, seed=3, min_kept=1), False,
                                             adam=True),
-    "legacy_randomk_momentum": lambda: legacy_optimizer("legacy_randomk_momentum",
-                                                        grace.randomk(0.05, seed=3), momentum=0.9),
+    "legacy_randomk_momentum": lambda: legacy_optimizer(
+        "legacy_randomk_momentum", grace.randomk(0.05, seed=3, min_kept=1), momentum=0.9),
     "legacy_dgc_momentum": lambda: legacy_optimizer("legacy_dgc_momentum",
                                                     grace.dgc(0.05, sample_ratio=1.0), momentum=0.9),
     "tape_function_inceptionn_dense": lambda: tape_training(  # every element in the 32-bit class

@@ -31,7 +31,7 @@ for function in ("allreduce_async", "allreduce_async_", "allgather_async", "broa
 CASES = {
     "none": lambda: grace.none(),                       # Horovod's in-place allreduce (as is)
     "fp16": lambda: grace.fp16(),                       # allreduce of casts
-    "randomk": lambda: grace.randomk(0.05),             # allreduce, shared indices
+    "randomk": lambda: grace.randomk(0.05, min_kept=1),  # allreduce, shared indices
     "powersgd": lambda: grace.powersgd(rank=2),         # two allreduce rounds
     "topk": lambda: grace.topk(0.05),                   # allgather, fixed sizes
     "threshold": lambda: grace.threshold(0.01),         # allgather with lengths

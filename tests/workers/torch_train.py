@@ -141,7 +141,7 @@ else:
         "topk_sum": lambda: train("topk_sum", lambda: grace.topk(0.05), op=hvd.Sum),
         "topk_broadcast": lambda: train("topk_broadcast",
                                         lambda: grace.topk(0.05, communicator="broadcast")),
-        "randomk": lambda: train("randomk", lambda: grace.randomk(0.05, seed=3)),
+        "randomk": lambda: train("randomk", lambda: grace.randomk(0.05, seed=3, min_kept=1)),
         # Shards all-to-all to their owners, re-encoded there, gathered (any number of workers).
         "topk_alltoall": lambda: train("topk_alltoall",
                                        lambda: grace.topk(0.05, communicator="alltoall")),
