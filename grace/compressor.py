@@ -37,6 +37,11 @@ def stable_seed(*parts: Any) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
+DEFAULT_MIN_NUMEL = 1024
+"""Tensors with fewer elements (biases, norms) travel dense: compressing them saves little and adds
+latency. Override with ``min_numel=``."""
+
+
 LENGTH_BYTES = 4
 """Each tensor of a variable-size payload travels with its length, an int32 (``Allgather``)."""
 

@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping
 from grace.bucketing import DEFAULT_BUCKET_BYTES
 from grace.communicator import Communicator
 from grace.communicators import Allgather, Allreduce, Alltoall, Auto, Broadcast
-from grace.compressor import Compressor
+from grace.compressor import DEFAULT_MIN_NUMEL, Compressor
 from grace.compressors import CATALOGUE
 from grace.memories import MEMORIES as MEMORY_CLASSES
 from grace.memory import Memory
@@ -21,10 +21,6 @@ MEMORIES: dict[str, type[Memory]] = {cls.name: cls for cls in MEMORY_CLASSES}
 COMMUNICATORS: dict[str, type[Communicator]] = {
     cls.name: cls for cls in (Allreduce, Allgather, Alltoall, Auto, Broadcast)
 }
-
-DEFAULT_MIN_NUMEL = 1024
-"""Tensors with fewer elements (biases, norms) travel dense: compressing them saves little and adds
-latency. Override with ``min_numel=``."""
 
 _PIPELINE_KEYS = ("compressor", "memory", "communicator", "min_numel", "check_finite", "warmup_steps",
                   "granularity", "bucket_bytes", "hierarchical")

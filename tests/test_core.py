@@ -59,7 +59,7 @@ def test_topk_keeps_at_least_sixteen_entries_of_a_tensor():
 def test_randomk_keeps_at_least_min_kept_entries_of_a_tensor():
     # The floor bounds a small tensor's delay (numel / k steps between an element's sends) where
     # 1% would wait 100 steps; large tensors keep their ratio.
-    assert RandomK(0.01).min_kept == 1024
+    assert RandomK(0.01).min_kept == grace.DEFAULT_MIN_NUMEL == 1024  # the dense threshold
     assert RandomK(0.01).k(500) == 500 and RandomK(0.01).k(2560) == 1024
     assert RandomK(0.01).k(102_400) == 1024 and RandomK(0.01).k(400_000) == 4000
     assert RandomK(0.01, min_kept=1).k(2560) == 25 and RandomK(0.01, min_kept=1).k(50) == 1

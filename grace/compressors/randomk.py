@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from grace.compressor import Compressor, Seeded, Sparse, numel_of
+from grace.compressor import DEFAULT_MIN_NUMEL, Compressor, Seeded, Sparse, numel_of
+from grace.compressors.topk import kept
 from grace.validation import check_bool, check_int, check_ratio
 
 
@@ -30,7 +31,7 @@ class RandomK(Seeded, Sparse, Compressor):
         "'With Adam')")
 
     def __init__(self, ratio: float = 0.01, seed: int = 0, scale: bool = False,
-                 min_kept: int = 1024):
+                 min_kept: int = DEFAULT_MIN_NUMEL):
         self.ratio = check_ratio("ratio", ratio)
         self._init_seed(seed)
         self.scale = check_bool("scale", scale)
@@ -41,7 +42,7 @@ class RandomK(Seeded, Sparse, Compressor):
                 "min_kept": self.min_kept}
 
     def k(self, numel: int) -> int:
-        return min(numel, max(self.min_kept, int(self.ratio * numel)))
+        return kept(self.ratio, numel, self.min_kept)
 
     def step_seed(self, name: str, step: int) -> int:
         """The generator's seed for ``name`` at ``step``: a stable hash (Python's ``hash`` differs

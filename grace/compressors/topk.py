@@ -22,10 +22,10 @@ where ``k`` moved ``2 (n-1)/n``, still flat in n (docs/results.md, "Eight seeds 
 four real ones")."""
 
 
-def kept(ratio: float, numel: int) -> int:
-    """How many entries a sparsifier keeps at ``ratio``: ``ratio * numel``, at least ``MIN_KEPT``,
-    at most ``numel``."""
-    return min(numel, max(MIN_KEPT, int(ratio * numel)))
+def kept(ratio: float, numel: int, floor: int | None = None) -> int:
+    """How many entries a sparsifier keeps at ``ratio``: ``ratio * numel``, at least ``floor``
+    (random-k's ``min_kept``; by default ``MIN_KEPT``, read when called), at most ``numel``."""
+    return min(numel, max(MIN_KEPT if floor is None else floor, int(ratio * numel)))
 
 
 class TopK(Sparse, Compressor):
