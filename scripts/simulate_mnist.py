@@ -19,6 +19,12 @@ optimizer's momentum is taken over where the compressor owns it, as the wrappers
   instead, with error feedback, then steps by the learning rate without further momentum, as
   Chen et al.'s quantized Adam with error feedback does (ACM TIST 2021): Adam then divides by the
   root mean square of dense gradients, and the bursts are of updates, not gradients.
+  ``--held BETA`` replaces error feedback's bursts by a dense estimate that every worker keeps
+  alike, as EF21 does (Richtárik et al., NeurIPS 2021; with momentum, EF21-SGDM, Fatkhullin et
+  al., NeurIPS 2023): each worker keeps a momentum of its gradients ``v = BETA v + (1 - BETA) g``
+  (``BETA`` 0: the gradient itself), the random-k entries of ``v`` are averaged, and each is held
+  in the estimate, which the optimizer steps on every step, until it is drawn again. Adam then sees
+  values of the gradient's own size on every step, however late.
 - **random-k's floor** (docs/quality.md, "With Adam"): which tensors its delay costs accuracy on
   (``randomk:min_kept=1;min_numel=4096`` sends the output layer dense) and how many entries of a
   small tensor to keep (``randomk:min_kept=K``).
@@ -27,6 +33,7 @@ optimizer's momentum is taken over where the compressor owns it, as the wrappers
 
     .venv/bin/python scripts/simulate_mnist.py --spec fp32 --optimizer adam
     .venv/bin/python scripts/simulate_mnist.py --spec randomk --optimizer adam --spread 0.9
+    .venv/bin/python scripts/simulate_mnist.py --spec randomk --optimizer adam --held 0.9
     .venv/bin/python scripts/simulate_mnist.py --spec "topk:ratio=0.01;communicator=alltoall" --workers 8
 
 Prints the test accuracy after every pass, and a JSON line with all of them at the end.
@@ -85,6 +92,37 @@ class AdamMoments:
         return out
 
 
+class HeldEstimate:
+    """EF21's dense estimate of the averaged gradient for random-k (``--held``): each worker's
+    momentum ``v``, the entries random-k draws (the same on every worker, from the compressor's own
+    shared draw) averaged and held until drawn again; tensors below ``min_numel`` go dense."""
+
+    def __init__(self, spec: str, params: list[torch.Tensor], workers: int, beta: float):
+        pipeline = build_pipelines(spec, 1)[0]
+        self.compressor, self.min_numel, self.beta = pipeline.compressor, pipeline.min_numel, beta
+        self.momenta = [[torch.zeros_like(p) for p in params] for _ in range(workers)]
+        self.held = [torch.zeros_like(p) for p in params]
+        self.steps = 0
+
+    def exchange(self, grads: list[list[torch.Tensor]], names: list[str]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            for momenta, worker_grads in zip(self.momenta, grads):
+                for v, g in zip(momenta, worker_grads):
+                    v.mul_(self.beta).add_(g, alpha=1 - self.beta)
+            for i, (held, name) in enumerate(zip(self.held, names)):
+                mean = torch.stack([momenta[i] for momenta in self.momenta]).mean(0).view(-1)
+                flat = held.view(-1)
+                if flat.numel() < self.min_numel:
+                    flat.copy_(mean)
+                    continue
+                k = self.compressor.k(flat.numel())
+                chosen = self.compressor.indices(flat.numel(), k, name, None, ops_for(flat),
+                                                 like=flat, step=self.steps, shared=True)
+                flat[chosen] = mean[chosen]
+        self.steps += 1
+        return [h.clone() for h in self.held]
+
+
 class FreezableAdam(AdamMoments):
     """Adam as ``torch.optim.Adam`` steps it, with the moments' switch that freezes the second
     moment (``frozen_at``)."""
@@ -121,7 +159,7 @@ def take_momentum(pipelines: list[grace.Pipeline] | None, optimizer: str) -> flo
 
 def run(spec: str, workers: int = 2, optimizer: str = "sgd", lr: float | None = None,
         spread: float | None = None, freeze_after: int | None = None, seed: int = 0,
-        passes: int = 10, local_adam: bool = False) -> list[float]:
+        passes: int = 10, local_adam: bool = False, held: float | None = None) -> list[float]:
     """Train and return the test accuracy after each pass."""
     images, labels, test_images, test_labels = map(torch.from_numpy, workloads.fashion_mnist())
     torch.manual_seed(seed)
@@ -150,6 +188,7 @@ def run(spec: str, workers: int = 2, optimizer: str = "sgd", lr: float | None = 
         order = [[order[0][j] for j in bucket] for bucket in
                  pipelines[0].buckets([(tuple(p.shape), "float32") for p in ready], ops)]
     group = InProcessGroup(workers)
+    estimate = None if held is None else HeldEstimate(spec, params, workers, held)
     smoothed = [torch.zeros_like(p) for p in params]
     shuffle = torch.Generator().manual_seed(seed + 1)
     steps = len(images) // (workers * BATCH)
@@ -184,8 +223,12 @@ def run(spec: str, workers: int = 2, optimizer: str = "sgd", lr: float | None = 
                 compressed = pipelines is not None and (freeze_after is None or done >= freeze_after)
                 if compressed and freeze_after is not None and step_optimizer.frozen_at is None:
                     step_optimizer.frozen_at = done
-                results = list(pool.map(lambda r: exchange(r, grads[r], compressed), range(workers)))
-                update = results[0]  # every worker gets the same
+                if estimate is not None:
+                    update = estimate.exchange(grads, names)
+                else:
+                    results = list(pool.map(lambda r: exchange(r, grads[r], compressed),
+                                            range(workers)))
+                    update = results[0]  # every worker gets the same
                 if spread is not None and compressed:
                     for s, u in zip(smoothed, update):
                         s.mul_(spread).add_(u, alpha=1 - spread)
@@ -210,6 +253,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--freeze-variance-after", type=int, default=None, metavar="STEPS")
     parser.add_argument("--local-adam", action="store_true",
                         help="each worker's Adam on its own gradients; exchange its updates")
+    parser.add_argument("--held", type=float, default=None, metavar="BETA",
+                        help="random-k: a dense estimate, EF21's, of momentum BETA's entries")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--passes", type=int, default=10, help="passes over the training set")
     args = parser.parse_args(argv)
@@ -224,15 +269,21 @@ def main(argv: list[str] | None = None) -> None:
     if args.local_adam and (args.optimizer != "adam" or args.spread is not None
                             or args.freeze_variance_after is not None):
         parser.error("--local-adam needs --optimizer adam, without --spread or --freeze-variance-after")
+    if args.held is not None and (not 0 <= args.held < 1 or not args.spec.startswith("randomk")
+                                  or args.spread is not None or args.local_adam
+                                  or args.freeze_variance_after is not None):
+        parser.error(f"--held needs a randomk spec, a BETA in [0, 1) (got {args.held}), and none "
+                     "of --spread, --local-adam, --freeze-variance-after")
     if args.passes < 1:
         parser.error(f"--passes must be at least 1, got {args.passes}")
     torch.set_num_threads(1)
     accuracies = run(args.spec, args.workers, args.optimizer, args.lr, args.spread,
-                     args.freeze_variance_after, args.seed, args.passes, args.local_adam)
+                     args.freeze_variance_after, args.seed, args.passes, args.local_adam,
+                     args.held)
     print(json.dumps({"spec": args.spec, "workers": args.workers, "optimizer": args.optimizer,
                       "lr": args.lr, "spread": args.spread,
                       "freeze_variance_after": args.freeze_variance_after,
-                      "local_adam": args.local_adam, "seed": args.seed,
+                      "local_adam": args.local_adam, "held": args.held, "seed": args.seed,
                       "accuracy": accuracies}))
 
 

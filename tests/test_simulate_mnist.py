@@ -54,6 +54,9 @@ def test_four_workers_train_through_the_shards_owners():
     (["--local-adam", "--optimizer", "adam", "--spread", "0.9"], "--local-adam needs --optimizer adam, "
                                                                "without --spread"),
     (["--workers", "0"], "--workers must be at least 1, got 0"),
+    (["--held", "1.0"], "--held needs a randomk spec, a BETA in [0, 1) (got 1.0)"),
+    (["--held", "0.9", "--spec", "topk"], "--held needs a randomk spec"),
+    (["--held", "0.9", "--local-adam", "--optimizer", "adam"], "--held needs a randomk spec"),
     (["--optimizer", "lamb"], "argument --optimizer: invalid choice: 'lamb'"),
 ])
 def test_bad_settings_are_refused_naming_the_option(args, message, capsys):
@@ -100,3 +103,37 @@ def test_adams_directions_are_the_steps_torchs_adam_takes():
     assert local.step_count == 4 and freezable.step_count == 4
     assert torch.allclose(mine, theirs.detach(), rtol=0, atol=1e-6)
     assert torch.allclose(frozen.detach(), again.detach(), rtol=0, atol=1e-6)
+
+
+def test_the_held_estimate_refreshes_the_drawn_entries_and_keeps_the_rest():
+    """``--held BETA`` (EF21's estimate): after each exchange, the entries random-k drew hold the
+    workers' averaged momentum and every other entry keeps its value from before; a tensor below
+    ``min_numel`` is the averaged momentum in full. Checked over two steps with momentum 0.5 against
+    the same arithmetic done here, on random-k's own shared draw (exact: the same float32 sums)."""
+    import torch
+
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import simulate_mnist
+
+    params = [torch.zeros(4000), torch.zeros(10)]
+    estimate = simulate_mnist.HeldEstimate("randomk:min_kept=1", params, workers=2, beta=0.5)
+    names = ["weight", "bias"]
+    torch.manual_seed(0)
+    momenta = [[torch.zeros(4000), torch.zeros(10)] for _ in range(2)]
+    expected = [torch.zeros(4000), torch.zeros(10)]
+    for step in range(2):
+        grads = [[torch.randn(4000), torch.randn(10)] for _ in range(2)]
+        for worker, worker_grads in zip(momenta, grads):
+            for v, g in zip(worker, worker_grads):
+                v.mul_(0.5).add_(g, alpha=0.5)
+        mean = [torch.stack([worker[i] for worker in momenta]).mean(0) for i in range(2)]
+        chosen = estimate.compressor.indices(4000, 40, "weight", None, simulate_mnist.ops_for(mean[0]),
+                                             like=mean[0], step=step, shared=True)
+        before = expected[0].clone()
+        expected[0][chosen] = mean[0][chosen]
+        expected[1] = mean[1].clone()
+        out = estimate.exchange(grads, names)
+        assert torch.equal(out[0], expected[0]) and torch.equal(out[1], expected[1])
+        untouched = torch.ones(4000, dtype=torch.bool)
+        untouched[chosen] = False
+        assert chosen.numel() == 40 and torch.equal(out[0][untouched], before[untouched])
