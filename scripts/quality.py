@@ -19,6 +19,7 @@ one panel per compressor.
     .venv/bin/python scripts/quality.py --out out/quality            # the whole matrix (hours)
     .venv/bin/python scripts/quality.py --frameworks torch --cases mnist-sgd --compressors fp32,dgc
     .venv/bin/python scripts/quality.py --from-json out/quality/*.json   # tables and plots only
+    .venv/bin/python scripts/quality.py --cases lstm-sgd --compressors fp32,dgc --epochs 30  # further
 
 Runs are on localhost (quality does not depend on the link); each is a ``compare_worker.py`` job.
 """
@@ -85,6 +86,7 @@ def run_matrix(args) -> list[dict]:
             name = compressor_of(comp)
             bar.set_postfix_str(f"{workload}-{optimizer} {fw} {compare.label(comp)} seed {seed}")
             epochs, steps = BUDGET[workload]
+            epochs = epochs if args.epochs is None else args.epochs
             run_args = argparse.Namespace(epochs=epochs, steps=steps, exchange_steps=steps,
                                           timeout=args.timeout)
             extra = ["--optimizer", optimizer, "--seed", str(seed)]
@@ -294,6 +296,9 @@ def main(argv=None):
     parser.add_argument("--compressors", default=None,
                         help="comma-separated (default: fp32 and every compressor of the catalogue)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs per run, of the workload's steps each (default: BUDGET's, 10); "
+                             "more to follow a case further towards its plateau")
     parser.add_argument("--seeds", default="0",
                         help="comma-separated seeds (initial weights and data order), each set-up "
                              "run once per seed; the tables and plots show seed 0, and a table of "
@@ -316,6 +321,8 @@ def main(argv=None):
 
     if args.compressors is None:
         args.compressors = ",".join(["fp32"] + grace.available())
+    if args.epochs is not None and args.epochs < 1:
+        parser.error(f"--epochs must be at least 1, got {args.epochs}")
     for case in compare.split(args.cases):
         if case not in CASES:
             parser.error(f"--cases: {case!r} is not one of {', '.join(CASES)}")

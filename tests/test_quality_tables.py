@@ -40,3 +40,25 @@ def test_gaps_are_to_fp32_of_the_same_seed_and_judged_on_their_mean():
 def test_one_seed_adds_no_seeds_table():
     rows = quality.summarize([run("fp32", 0, 0.885), run(ONEBIT, 0, 0.869)])
     assert quality.seeds_markdown(rows) == ""
+
+
+def test_epochs_lengthen_every_run_and_a_bad_count_is_refused(monkeypatch, tmp_path, capsys):
+    """``--epochs`` sets the epochs of each run (of the workload's steps each), for following a
+    case towards its plateau; 0 is refused naming the option, before anything runs."""
+    seen = []
+
+    def run_one(framework, workload, compression, rate, workers, run_args, **kwargs):
+        seen.append((workload, run_args.epochs, run_args.steps))
+        return {"status": "failed"}
+
+    monkeypatch.setattr(quality.compare, "run_one", run_one)
+    monkeypatch.setattr(quality, "write", lambda results, out: [])
+    quality.main(["--cases", "lstm-sgd,mnist-sgd", "--frameworks", "torch", "--compressors", "fp32",
+                  "--epochs", "30", "--out", str(tmp_path)])
+    assert seen == [("lstm", 30, 400), ("mnist", 30, 468)]
+    quality.main(["--cases", "lstm-sgd", "--frameworks", "torch", "--compressors", "fp32",
+                  "--out", str(tmp_path)])
+    assert seen[-1] == ("lstm", 10, 400)
+    with pytest.raises(SystemExit) as exit_:
+        quality.main(["--epochs", "0", "--out", str(tmp_path)])
+    assert exit_.value.code == 2 and "--epochs must be at least 1, got 0" in capsys.readouterr().err
