@@ -97,8 +97,8 @@ class HeldEstimate:
     momentum ``v``, the entries random-k draws (the same on every worker, from the compressor's own
     shared draw) averaged and held until drawn again; tensors below ``min_numel`` go dense."""
 
-    def __init__(self, spec: str, params: list[torch.Tensor], workers: int, beta: float):
-        pipeline = build_pipelines(spec, 1)[0]
+    def __init__(self, pipeline: grace.Pipeline, params: list[torch.Tensor], workers: int,
+                 beta: float):
         self.compressor, self.min_numel, self.beta = pipeline.compressor, pipeline.min_numel, beta
         self.momenta = [[torch.zeros_like(p) for p in params] for _ in range(workers)]
         self.held = [torch.zeros_like(p) for p in params]
@@ -188,7 +188,7 @@ def run(spec: str, workers: int = 2, optimizer: str = "sgd", lr: float | None = 
         order = [[order[0][j] for j in bucket] for bucket in
                  pipelines[0].buckets([(tuple(p.shape), "float32") for p in ready], ops)]
     group = InProcessGroup(workers)
-    estimate = None if held is None else HeldEstimate(spec, params, workers, held)
+    estimate = None if held is None else HeldEstimate(pipelines[0], params, workers, held)
     smoothed = [torch.zeros_like(p) for p in params]
     shuffle = torch.Generator().manual_seed(seed + 1)
     steps = len(images) // (workers * BATCH)

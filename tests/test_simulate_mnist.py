@@ -136,7 +136,8 @@ def test_the_held_estimate_refreshes_the_drawn_entries_and_keeps_the_rest():
     import simulate_mnist
 
     params = [torch.zeros(4000), torch.zeros(10)]
-    estimate = simulate_mnist.HeldEstimate("randomk:min_kept=1", params, workers=2, beta=0.5)
+    pipeline = simulate_mnist.build_pipelines("randomk:min_kept=1", 1)[0]
+    estimate = simulate_mnist.HeldEstimate(pipeline, params, workers=2, beta=0.5)
     names = ["weight", "bias"]
     torch.manual_seed(0)
     momenta = [[torch.zeros(4000), torch.zeros(10)] for _ in range(2)]
