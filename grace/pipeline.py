@@ -17,10 +17,11 @@ from grace.compressor import Compressor, Context, numel_of
 from grace.compressors.none import NoneCompressor
 from grace.memories.momentum import MomentumMemory
 from grace.memories.none import NoneMemory
-from grace.memories.residual import ResidualMemory
+from grace.memories.residual import DelayedResidualMemory, ResidualMemory
 from grace.memory import Memory
 from grace.momentum import OptimizerMomentum, owner
 from grace.ops import FLOAT_DTYPES, Ops, Tensor, ops_for
+from grace.second_moment import SharedSecondMoment
 from grace.sparse import RowResidual, Rows, RowsCodec, RowVelocity, payload_bytes_horovod
 from grace.state import StateStore, plain
 
@@ -185,6 +186,7 @@ class Pipeline:
         self._dense_compressor = NoneCompressor()
         self._dense_memory = NoneMemory()
         self._taken: tuple | None = None  # the optimizer's momentum, once taken over
+        self._moments: SharedSecondMoment | None = None  # Adam's second moment, once taken over
         self._dense_communicator = Allreduce()
         self._row_residual = RowResidual()  # sparse gradients' error feedback, as rows
         self._row_velocity = RowVelocity()  # their momentum, when taken over
@@ -211,7 +213,8 @@ class Pipeline:
                 f"communicator={self.communicator!r}, min_numel={self.min_numel}, "
                 f"check_finite={self.check_finite}, warmup_steps={self.warmup_steps}, "
                 f"granularity={self.granularity!r}, bucket_bytes={self.bucket_bytes}"
-                + (", hierarchical=True)" if self.hierarchical else ")"))
+                + (", hierarchical=True" if self.hierarchical else "")
+                + (f", adam={self._moments!r})" if self._moments is not None else ")"))
 
     # --- what Horovod's own optimizer would call -----------------------------------------------
     def compress(self, tensor):
@@ -243,10 +246,51 @@ class Pipeline:
 
     def adam_caution(self, optimizer: str) -> str | None:
         """The line a wrapper logs once when this pipeline wraps Adam (``optimizer`` names it), where
-        the compressor is measured to fall short with Adam (``Compressor.adam_caution``), else
-        ``None``."""
+        the compressor is measured to fall short with Adam (``Compressor.adam_caution``) and did
+        not take Adam's moments over (``take_adam_moments``), else ``None``."""
         caution = self.compressor.adam_caution
-        return None if caution is None else f"grace: {self.compressor.name} with {optimizer}: {caution}"
+        if caution is None or self._moments is not None:
+            return None
+        return f"grace: {self.compressor.name} with {optimizer}: {caution}"
+
+    def take_adam_moments(self, beta2: float, eps: float, averaged: bool = True) -> str | None:
+        """Take the wrapped Adam's moments over, where the compressor steps better with them
+        (random-k: ``grace.second_moment``): its compressed tensors then come out of the exchange
+        as the update to step by the learning rate, ``burst / (sqrt(v) + eps)``, which the wrapper
+        steps itself (``steps_itself``), the optimizer stepping the rest as it is. Needs the
+        compressor's own error feedback over a plain allreduce, tensor by tensor, without warm-up,
+        and workers' gradients averaged (``averaged``: ``hvd.Average`` without a predivide
+        factor): where one of those is not so, nothing is taken (``None``). Called again before
+        each step with the optimizer's settings as they are then. Returns the sentence to log once,
+        or ``None``."""
+        takes = getattr(self.compressor, "can_take_second_moment", False)
+        if not (takes and averaged and type(self.memory) is DelayedResidualMemory
+                and type(self.communicator) is Allreduce and not self.hierarchical
+                and self.granularity == "layer" and not self.warmup_steps):
+            return None
+        if self._moments is not None:
+            self._moments.retake(beta2, eps)
+            return None
+        moments = SharedSecondMoment(beta2, eps)
+        self._own(moments)
+        self._moments = self.compressor.moments = self.memory.moments = moments
+        return (f"grace: {self.compressor.name} takes Adam's moments over for the tensors it "
+                f"compresses: it divides its error feedback's updates by every worker's second "
+                f"moment (beta2 {moments.beta2}, eps {moments.eps}), sent with the drawn entries "
+                f"(twice the values), steps them by the learning rate without a first moment "
+                f"(momentum on ~1/ratio-step-late updates diverges), and the optimizer steps the "
+                f"rest as it is (docs/quality.md, 'With Adam')")
+
+    @property
+    def adam_moments_taken(self) -> bool:
+        """Whether ``take_adam_moments`` took them (once, for every wrapper of this pipeline)."""
+        return self._moments is not None
+
+    def steps_itself(self, shape: tuple[int, ...], dtype: str, ops: Ops) -> bool:
+        """Whether a tensor of this shape and dtype comes out of the exchange as the update that
+        the wrapper steps by the learning rate (Adam's moments taken over, ``take_adam_moments``),
+        rather than as the gradient for the optimizer."""
+        return self._moments is not None and self.plan(tuple(shape), dtype, ops) == "compressed"
 
     def retake_momentum(self, found: OptimizerMomentum) -> None:
         """The momentum taken over, as the optimizer's settings now say it (they may have been
@@ -734,6 +778,7 @@ class Pipeline:
                 "owner_memory": StateStore.export(self._owner_memory.state()),
                 "pipeline": StateStore.export({"exchanges": self._exchanges}),
                 "rows": StateStore.export(self._row_stores()),
+                "moments": StateStore.export(self._moment_stores()),
                 "stats": StateStore.export({"counters": self._counters})["counters"]}
 
     def load_state_dict(self, state: dict[str, Any], ops: Ops | None = None) -> None:
@@ -745,13 +790,17 @@ class Pipeline:
         parts = (("compressor", self.compressor.state()), ("memory", self.memory.state()),
                  ("dense_memory", self._dense_memory.state()),
                  ("owner_memory", self._owner_memory.state()), ("pipeline", {"exchanges": self._exchanges}),
-                 ("rows", self._row_stores()))
+                 ("rows", self._row_stores()), ("moments", self._moment_stores()))
         for part, stores in parts:
             for attr, entries in state.get(part, {}).items():
                 for name, value in entries.items():
                     StateStore.restore(stores[attr], name, value, ops)
         for key, value in state["stats"].items():
             StateStore.restore(self._counters, key, value, ops)
+
+    def _moment_stores(self) -> dict[str, dict]:
+        """Adam's second moment, when taken over."""
+        return {} if self._moments is None else self._moments.state()
 
     def _row_stores(self) -> dict[str, dict]:
         """The sparse gradients' state: residual rows and, when the momentum was taken over,

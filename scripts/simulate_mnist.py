@@ -25,6 +25,10 @@ optimizer's momentum is taken over where the compressor owns it, as the wrappers
   (``BETA`` 0: the gradient itself), the random-k entries of ``v`` are averaged, and each is held
   in the estimate, which the optimizer steps on every step, until it is drawn again. Adam then sees
   values of the gradient's own size on every step, however late.
+- **random-k with Adam's moments taken over** (the default since 2026-11-27, as the wrappers do it:
+  ``grace.second_moment``): the tensors random-k compresses step by ``lr * burst / (sqrt(v) +
+  eps)`` with every worker's second moment ``v``, Adam the rest; the studies above keep Adam on the
+  bursts, as before. ``randomk:take_adam_moments=False`` runs Adam on the bursts without them.
 - **random-k's floor** (docs/quality.md, "With Adam"): which tensors its delay costs accuracy on
   (``randomk:min_kept=1;min_numel=4096`` sends the output layer dense) and how many entries of a
   small tensor to keep (``randomk:min_kept=K``).
@@ -173,6 +177,10 @@ def run(spec: str, workers: int = 2, optimizer: str = "sgd", lr: float | None = 
     pipelines = build_pipelines(spec, workers)
     dense = [grace.none() for _ in range(workers)]  # fp32, and a warm-up's exchange
     kept = take_momentum(pipelines, optimizer)
+    if optimizer == "adam" and pipelines is not None and not (
+            local_adam or freeze_after is not None or spread is not None or held is not None):
+        for pipeline in pipelines:  # as the wrappers do: torch.optim.Adam's betas[1] and eps
+            pipeline.take_adam_moments(BETAS[1], EPS)  # the studies above keep Adam on the bursts
     lr = LEARNING_RATES[optimizer] if lr is None else lr
     local = [AdamMoments(params, kept) for _ in range(workers)] if local_adam else None
     if optimizer == "sgd" or local_adam:  # local Adam's exchanged updates step as plain SGD
@@ -182,6 +190,8 @@ def run(spec: str, workers: int = 2, optimizer: str = "sgd", lr: float | None = 
     else:
         step_optimizer = FreezableAdam(params, lr, kept)
     ops = ops_for(params[0])
+    steps_itself = [pipelines is not None and pipelines[0].steps_itself(tuple(p.shape), "float32", ops)
+                    for p in params]
     order = [list(range(len(params)))[::-1]]  # backward's order: the last layer's first
     if pipelines is not None:
         ready = [params[i] for i in order[0]]
@@ -233,8 +243,11 @@ def run(spec: str, workers: int = 2, optimizer: str = "sgd", lr: float | None = 
                     for s, u in zip(smoothed, update):
                         s.mul_(spread).add_(u, alpha=1 - spread)
                     update = [s.clone() for s in smoothed]
-                for p, u in zip(params, update):
-                    p.grad = u
+                for p, u, itself in zip(params, update, steps_itself):
+                    p.grad = None if itself else u
+                    if itself:  # Adam's moments taken over: the update, stepped by the rate
+                        with torch.no_grad():
+                            p.sub_(lr * u)
                 step_optimizer.step()
             with torch.no_grad():
                 accuracy = (model(test_images).argmax(1) == test_labels).float().mean().item()

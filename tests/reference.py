@@ -114,6 +114,51 @@ def randomk_with_residual(ratio, seed):
     return with_residual(choose)
 
 
+def randomk_adam(ratio, seed, lr, eps, name="weight", transposed=False, workers=2, steps=10,
+                 decay=0.0):
+    """Final (W, b) of random-k with Adam's moments taken over (grace.second_moment), written from
+    its definition: each worker keeps ``v = 0.999 v + 0.001 g²`` of its own W gradient and error
+    feedback's residual; random-k (``min_kept=1``, the draw of ``randomk_with_residual``) sends the
+    drawn entries of gradient + residual and of ``v / (1 - 0.999^t)``; the averaged ``v`` replaces
+    the shared estimate there, and W steps by ``lr * burst / (sqrt(v) + eps)``, no first moment.
+    b (dense) steps by Adam (0.9, 0.999) as the optimizer computes it. ``name`` and ``transposed``:
+    the tensor as a framework names and lays it out (Keras's ``kernel`` is W transposed).
+    ``decay``: AdamW's decoupled weight decay, ``p -= lr * decay * p`` before each update."""
+    from grace.compressors.randomk import RandomK
+    from grace.rng import reference_indices
+
+    seeds = RandomK(ratio, seed=seed)
+    w, b = (a.astype(np.float64) for a in init_weights(0))
+    n = w.size
+    residual = [np.zeros(n) for _ in range(workers)]
+    local = [np.zeros(n) for _ in range(workers)]
+    shared = np.zeros(n)
+    m_b, v_b = 0.0, 0.0
+    for step in range(steps):
+        t = step + 1
+        keep = reference_indices(n, max(1, int(ratio * n)), seeds.step_seed(name, step))
+        burst, drawn, gb = np.zeros(n), np.zeros(n), 0.0
+        for rank in range(workers):
+            x, y = batch(rank, step)
+            dw, db = gradients(w.astype(np.float32), b.astype(np.float32), x, y)
+            g = (dw.T if transposed else dw).reshape(-1)
+            local[rank] = 0.999 * local[rank] + 0.001 * g * g
+            c = g + residual[rank]
+            burst[keep] += c[keep] / workers
+            drawn[keep] += local[rank][keep] / (1 - 0.999**t) / workers
+            residual[rank] = c.copy()
+            residual[rank][keep] = 0.0
+            gb = gb + db / workers
+        shared[keep] = drawn[keep]
+        update = lr * burst / (np.sqrt(shared) + eps)
+        w, b = w * (1 - lr * decay), b * (1 - lr * decay)
+        w = w - (update.reshape(w.shape[::-1]).T if transposed else update.reshape(w.shape))
+        m_b = 0.9 * m_b + 0.1 * gb
+        v_b = 0.999 * v_b + 0.001 * gb * gb
+        b = b - lr / (1 - 0.9**t) * m_b / (np.sqrt(v_b / (1 - 0.999**t)) + eps)
+    return w, b
+
+
 def fp16_sum(values):
     """Half-precision payloads summed in half precision, as an fp16 allreduce does."""
     total = np.float16(0) * values[0].astype(np.float16)

@@ -140,15 +140,18 @@ def test_keras_sgd_momentum_is_taken_over_by_dgc(tf_run):
     assert infos[0]["optimizer_momentum"] == 0.0
 
 
-def test_keras_adam_with_randomk_is_cautioned_once_and_left_alone(tf_run):
-    """Random-k falls short with Adam (docs/quality.md, "With Adam"): Keras's wrapper says so once,
-    on rank 0, and Adam keeps its beta_1."""
+def test_keras_adam_moments_are_taken_over_by_randomk(tf_run):
+    """Random-k with Keras's Adam (grace.second_moment): the kernel's update is its error-feedback
+    burst divided by the workers' shared second moment (Keras's epsilon), stepped by the learning
+    rate by the wrapper; the bias is Adam's, with its beta_1. Both match the numpy model, with
+    random-k's draw for the kernel as Keras names and lays it out (W transposed)."""
     infos = [json.loads((tf_run / f"keras_randomk_adam.rank{r}.json").read_text()) for r in range(2)]
-    assert [line for line in infos[0]["grace_log"] if line.startswith("grace: randomk with keras Adam:")]
+    check(tf_run, "keras_randomk_adam", reference.randomk_adam(
+        0.05, 3, lr=0.01, eps=1e-7, name=infos[0]["kernel_path"], transposed=True))
+    assert [line for line in infos[0]["grace_log"]
+            if line.startswith("grace: randomk takes Adam's moments over")]
     assert len(infos[0]["grace_log"]) == 1 and infos[1]["grace_log"] == []
     assert infos[0]["optimizer_beta_1"] == infos[1]["optimizer_beta_1"] == 0.9
-    w0, w1 = (np.load(tf_run / f"keras_randomk_adam.rank{r}.npz")["w"] for r in range(2))
-    np.testing.assert_array_equal(w0, w1)
 
 
 def test_tf1_momentum_is_turned_off_for_randomk(tf_run):

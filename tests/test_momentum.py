@@ -104,14 +104,39 @@ def test_adam_beta1_is_taken_by_signum_and_dgc_only(run):
         assert np.isfinite(w0).all()
 
 
-def test_randomk_with_adam_says_once_that_it_falls_short_and_leaves_adam_alone(run):
-    """Random-k with Adam ends about 2 points below uncompressed on mnist (docs/quality.md, "With
-    Adam"): the wrapper says so once, on rank 0, and takes nothing from Adam."""
+def test_randomk_takes_adams_moments_over_and_steps_its_tensors_itself(run):
+    """Random-k with Adam (grace.second_moment): W's update is its error-feedback burst divided by
+    the workers' shared second moment, stepped by the learning rate with no first moment; b
+    (dense) is Adam's, with its betas as the user set them. Both match the numpy model."""
     out, log = run
+    check(out, "randomk_adam", reference.randomk_adam(0.05, 3, lr=0.01, eps=1e-8))
     assert info(out, "randomk_adam")["betas"] == info(out, "randomk_adam")["betas_after"] == [0.9, 0.999]
+    assert info(out, "randomk_adam")["stepped_by_optimizer"] == ["bias"]  # Adam skips W
+    assert info(out, "randomk_adam")["moments"] == ["local", "shared", "weights"]
+    assert "adam=SharedSecondMoment(beta2=0.999, eps=1e-08)" in info(out, "randomk_adam")["config"]
+    taken = [line for line in log.splitlines() if "grace: randomk takes Adam's moments over" in line]
+    assert len(taken) == 2 and all(line.startswith("[0]") for line in taken)  # adam, adamw
+
+
+def test_adamw_decay_is_applied_to_the_tensors_stepped_by_the_wrapper(run):
+    """AdamW's decoupled weight decay, ``p -= lr * weight_decay * p`` before the update, applies to
+    W (stepped by the wrapper) as to b (by AdamW): both match the numpy model with the decay, and
+    differ from it without (ten steps of 1 - 0.01 * 0.5 shrink the weights by about 5%)."""
+    out, _ = run
+    check(out, "randomk_adamw", reference.randomk_adam(0.05, 3, lr=0.01, eps=1e-8, decay=0.5))
+    no_decay, _ = reference.randomk_adam(0.05, 3, lr=0.01, eps=1e-8)
+    assert np.abs(np.load(out / "randomk_adamw.rank0.npz")["w"] - no_decay).max() > 1e-3
+
+
+def test_randomk_with_amsgrad_leaves_adam_alone_and_says_it_falls_short(run):
+    """AMSGrad's running maximum is Adam's to keep: nothing is taken, the wrapper says once that
+    random-k falls short with Adam, and Adam steps every tensor."""
+    out, log = run
     lines = [line for line in log.splitlines() if "grace: randomk with torch.optim.Adam:" in line]
     assert len(lines) == 1 and lines[0].startswith("[0]") and "prefer topk or dgc" in lines[0]
-    w0, w1 = (np.load(out / f"randomk_adam.rank{r}.npz")["w"] for r in range(2))
+    assert info(out, "randomk_amsgrad")["stepped_by_optimizer"] == ["bias", "weight"]
+    assert info(out, "randomk_amsgrad")["moments"] == []
+    w0, w1 = (np.load(out / f"randomk_amsgrad.rank{r}.npz")["w"] for r in range(2))
     np.testing.assert_array_equal(w0, w1)
 
 

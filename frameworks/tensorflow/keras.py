@@ -15,7 +15,8 @@ import keras
 import tensorflow as tf
 
 from frameworks import internals
-from frameworks.tensorflow.momentum import take_keras_momentum
+from frameworks.tensorflow.momentum import take_keras_adam_moments, take_keras_momentum
+from frameworks.tensorflow.ops import TensorFlowOps
 from frameworks.tensorflow.reduce import make_reduce_grads
 from grace.pipeline import Pipeline
 
@@ -37,7 +38,36 @@ def _apply(self, grads, trainable_variables=None):
         grads = _accumulated(self, list(grads), variables, steps)
     else:
         grads = self._grace_reduce(list(grads), variables)
+    if getattr(self, "_grace_adam", False):
+        return _apply_updates(self, grads, variables)
     return super(self.__class__, self).apply(grads, trainable_variables)
+
+
+def _apply_updates(self, grads, variables):
+    """Adam's moments taken over (``Pipeline.take_adam_moments``): the tensors the compression
+    compressed came back as their updates, stepped here by the learning rate (after Keras's
+    decoupled weight decay, before the variable's constraint, as Keras steps); the optimizer
+    applies the others."""
+    pipeline, ops = self._grace_pipeline, TensorFlowOps()
+    own = {i for i, (g, v) in enumerate(zip(grads, variables))
+           if isinstance(g, tf.Tensor) and pipeline.steps_itself(tuple(v.shape), str(v.dtype), ops)}
+    if not self.built:  # built on every variable, as without the takeover
+        self.build(variables)
+        self.built = True
+    rate = tf.identity(self.learning_rate)  # this step's, before apply() counts the step
+    rest = [i for i in range(len(grads)) if i not in own]
+    if rest:
+        super(self.__class__, self).apply([grads[i] for i in rest], [variables[i] for i in rest])
+    else:
+        self._iterations.assign_add(1)
+    for i in sorted(own):
+        variable = variables[i]
+        lr = tf.cast(rate, variable.dtype)
+        if self.weight_decay is not None and self._use_weight_decay(variable):
+            variable.assign(variable - variable * tf.cast(self.weight_decay, variable.dtype) * lr)
+        variable.assign_sub(tf.cast(grads[i], variable.dtype) * lr)
+        if variable.constraint is not None:
+            variable.assign(variable.constraint(variable))
 
 
 def _accumulated(self, grads, variables, steps):
@@ -97,12 +127,16 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     reduce_grads = make_reduce_grads(compression, op, gradient_predivide_factor, sparse_as_dense,
                                      process_set)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), {"apply": _apply})
+    averaged = op == hvd.Average and gradient_predivide_factor == 1.0
+    adam = take_keras_adam_moments(optimizer.__class__, optimizer.get_config(), compression,
+                                   process_set, averaged)
     config = take_keras_momentum(optimizer.__class__, optimizer.get_config(), compression, process_set)
     if name is not None:
         config["name"] = name
     wrapped = cls.from_config(config)
     wrapped._grace_reduce = reduce_grads
     wrapped._grace_pipeline = compression
+    wrapped._grace_adam = adam
     return wrapped
 
 

@@ -15,6 +15,25 @@ from grace.momentum import OptimizerMomentum
 from grace.pipeline import Pipeline
 
 
+def take_keras_adam_moments(optimizer_class, config: dict, compression: Pipeline, process_set,
+                            averaged: bool) -> bool:
+    """Whether ``compression`` takes a Keras ``Adam``'s or ``AdamW``'s moments over
+    (``Pipeline.take_adam_moments``: random-k), so that the wrapper steps the tensors it compresses
+    by their updates. Not with AMSGrad (its running maximum is Adam's to keep), nor where Keras
+    would change the updates on their way (clipping, a loss scale, a moving average of the weights,
+    accumulation over micro-steps): the optimizer then steps everything, as it is."""
+    if not issubclass(optimizer_class, keras.optimizers.Adam) or config.get("amsgrad"):
+        return False
+    reshaped = ("clipnorm", "clipvalue", "global_clipnorm", "loss_scale_factor",
+                "gradient_accumulation_steps")
+    if any(config.get(key) for key in reshaped) or config.get("use_ema"):
+        return False
+    line = compression.take_adam_moments(float(config.get("beta_2", 0.999)),
+                                         float(config.get("epsilon", 1e-7)), averaged=averaged)
+    log_once(line, process_set)
+    return compression.adam_moments_taken
+
+
 def take_keras_momentum(optimizer_class, config: dict, compression: Pipeline, process_set) -> dict:
     """The config of a Keras optimizer to build, with its momentum set to 0 where ``compression``
     took it over."""

@@ -54,6 +54,8 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         self._groups = groups
         self._momentum_taken: str | None = None  # "sgd" or "adam" once taken over (after the check)
+        self._steps_itself: set = set()  # parameters whose update the compression gives (Adam's taken)
+        self._group_of: dict = {}  # parameter -> its param group, as the groups are this step
         self._buckets: list[tuple] = []
         self._bucket_of: dict = {}
         self._bucket_ready: list[int] = []
@@ -136,6 +138,8 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
             grad = grad.to_sparse() if sparse else grad.to_dense()
         if self.op == hvd.Average and self.gradient_predivide_factor != 1.0:
             grad = grad / self.gradient_predivide_factor
+        if p in self._steps_itself and not sparse:
+            grad = _adam_gradient(self, p, grad)
         if sparse:  # as backward made it, a row per lookup: the pipeline adds up repeats
             return Rows(grad._indices()[0], grad._values(), tuple(grad.shape))
         return grad
@@ -172,6 +176,9 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         hvd.broadcast_optimizer_state, the saved ones after load_state_dict, a scheduler's)."""
         if self._momentum_taken is not None:
             self._pipeline.retake_momentum(_optimizer_momentum(self)[0])
+        if self._steps_itself:
+            self._pipeline.take_adam_moments(*_adam_settings(self))
+            self._group_of = {p: group for group in self.param_groups for p in group["params"]}
 
     def _start_bucket(self, index: int) -> None:
         if not self._started:  # the step's first bucket: the momentum as the settings say now
@@ -269,7 +276,21 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
                     "optimizer.synchronize() in your code.")
             self.synchronize()
         self._synchronized = False
-        return super(self.__class__, self).step(closure)
+        if not self._steps_itself:
+            return super(self.__class__, self).step(closure)
+        # Adam's moments taken over: the compression gave these parameters their update; the
+        # optimizer steps the others (it skips a parameter without a gradient).
+        updates = {p: p.grad for p in self._steps_itself
+                   if p.grad is not None and not p.grad.is_sparse}
+        for p in updates:
+            p.grad = None
+        try:
+            loss = super(self.__class__, self).step(closure)
+        finally:
+            for p, update in updates.items():
+                p.grad = update
+        _step_updates(self, updates)
+        return loss
 
     def zero_grad(self, *args, **kwargs):
         if self._touched:
@@ -308,6 +329,50 @@ def _optimizer_momentum(optimizer) -> tuple[OptimizerMomentum, bool] | None:
     return None
 
 
+def _adam_settings(optimizer) -> tuple[float, float]:
+    """Adam's ``betas[1]`` and ``eps``, one value each for every param group."""
+    return float(_one_value(optimizer, "betas")[1]), float(_one_value(optimizer, "eps"))
+
+
+def _take_adam_moments(optimizer, compression: Pipeline, process_set) -> set:
+    """Where the compression takes Adam's moments over (``Pipeline.take_adam_moments``:
+    random-k), the parameters whose update it gives, stepped by the wrapper; else none. AMSGrad
+    keeps its own moments (its running maximum is Adam's to keep)."""
+    if not isinstance(optimizer, torch.optim.Adam) or any(
+            group.get("amsgrad", False) for group in optimizer.param_groups):
+        return set()
+    line = compression.take_adam_moments(*_adam_settings(optimizer),
+                                         averaged=optimizer.op == hvd.Average
+                                         and optimizer.gradient_predivide_factor == 1.0)
+    log_once(line, process_set)
+    return {p for p in getattr(optimizer, "_requires_update", ())
+            if compression.steps_itself(tuple(p.shape), _OPS.dtype(p), _OPS)}
+
+
+def _adam_gradient(optimizer, p, grad):
+    """What Adam would take for ``p``'s moments: the gradient negated with ``maximize``, and with
+    Adam's own (not decoupled) weight decay added, as ``torch.optim.Adam`` adds it."""
+    group = optimizer._group_of[p]
+    if group.get("maximize", False):
+        grad = -grad
+    decay = group.get("weight_decay", 0.0)
+    if decay and not group.get("decoupled_weight_decay", False):
+        grad = grad + decay * p.detach()
+    return grad
+
+
+def _step_updates(optimizer, updates: dict) -> None:
+    """Step each parameter by its update from the compression, times its group's learning rate,
+    after AdamW's decoupled weight decay (``p -= lr * weight_decay * p``), as Adam steps."""
+    with torch.no_grad():
+        for p, update in updates.items():
+            group = optimizer._group_of[p]
+            lr, decay = group["lr"], group.get("weight_decay", 0.0)
+            if decay and group.get("decoupled_weight_decay", False):
+                p.mul_(1.0 - lr * decay)
+            p.sub_(update * lr)
+
+
 def _take_momentum(optimizer, compression: Pipeline, process_set) -> str | None:
     """Hand ``torch.optim.SGD``'s momentum (or Adam's ``betas[0]``) to a compressor that applies the
     momentum itself (see ``grace.momentum``); the wrapper then steps the optimizer with its momentum
@@ -317,6 +382,7 @@ def _take_momentum(optimizer, compression: Pipeline, process_set) -> str | None:
         return None
     found, adam = momentum
     if adam:
+        optimizer._steps_itself = _take_adam_moments(optimizer, compression, process_set)
         log_once(compression.adam_caution(f"torch.optim.{type(optimizer).__name__}"), process_set)
     line = compression.take_momentum(found, adam=adam)
     log_once(line, process_set)

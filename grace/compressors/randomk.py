@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from grace.compressor import DEFAULT_MIN_NUMEL, Compressor, Seeded, Sparse, numel_of
 from grace.compressors.topk import kept
+from grace.second_moment import SharedSecondMoment
 from grace.validation import check_bool, check_int, check_ratio
 
 
@@ -17,6 +18,11 @@ class RandomK(Seeded, Sparse, Compressor):
     sends; the floor of ``min_kept`` (1,024 values, the pipeline's default ``min_numel``, so that no
     compressed tensor sends fewer values than a dense one just below it) bounds that wait on small
     tensors such as an output layer, where it costs most accuracy (docs/quality.md, "With Adam").
+    Wrapping Adam, it takes Adam's moments over (``moments``, ``grace.second_moment``): the payload
+    carries each worker's second moment at the drawn entries too, and the combined bursts come out
+    divided by the shared second moment's root, for the wrapper to step by the learning rate
+    (``take_adam_moments=False`` leaves Adam as it is: for a script that clips or rescales the
+    gradients between ``synchronize()`` and ``step()``, which would then act on updates).
     Stich et al., "Sparsified SGD with Memory", NeurIPS 2018."""
 
     name = "randomk"
@@ -26,20 +32,31 @@ class RandomK(Seeded, Sparse, Compressor):
     encodes_rows = False
     adam_caution = (
         "its error feedback sends each element about every 1/ratio steps, and Adam divides those "
-        "bursts by their own size: measured on mnist it ends 1-2 points below uncompressed Adam "
-        "(at 10% of the elements still 1.5); with Adam prefer topk or dgc (docs/quality.md, "
-        "'With Adam')")
+        "bursts by their own size: measured on mnist it ends 1-2 points below uncompressed Adam. "
+        "grace takes Adam's moments over to avoid that where it can (hvd.DistributedOptimizer over "
+        "torch or Keras Adam/AdamW without AMSGrad or Keras's clipping, random-k's own error "
+        "feedback over allreduce, hvd.Average, no warm-up), not here: prefer topk or dgc "
+        "(docs/quality.md, 'With Adam')")
+    moments: SharedSecondMoment | None = None
+    """Adam's second moment, when the wrapper took it over (``Pipeline.take_adam_moments``)."""
 
     def __init__(self, ratio: float = 0.01, seed: int = 0, scale: bool = False,
-                 min_kept: int = DEFAULT_MIN_NUMEL):
+                 min_kept: int = DEFAULT_MIN_NUMEL, take_adam_moments: bool = True):
         self.ratio = check_ratio("ratio", ratio)
         self._init_seed(seed)
         self.scale = check_bool("scale", scale)
         self.min_kept = check_int("min_kept", min_kept, minimum=1)
+        self.take_adam_moments = check_bool("take_adam_moments", take_adam_moments)
+
+    @property
+    def can_take_second_moment(self) -> bool:
+        """Whether its payload can carry Adam's second moment: values as they are (not scaled),
+        unless ``take_adam_moments=False`` leaves Adam as it is."""
+        return self.take_adam_moments and not self.scale
 
     def params(self):
         return {"ratio": self.ratio, "seed": self.seed, "scale": self.scale,
-                "min_kept": self.min_kept}
+                "min_kept": self.min_kept, "take_adam_moments": self.take_adam_moments}
 
     def k(self, numel: int) -> int:
         return kept(self.ratio, numel, self.min_kept)
@@ -56,7 +73,24 @@ class RandomK(Seeded, Sparse, Compressor):
         values = ops.gather(flat, indices)
         if self.scale:
             values = ops.scale(values, ctx.numel / k)
-        return [values]
+        if self.moments is None:
+            return [values]
+        ctx.data["name"] = name
+        return [values, self.moments.drawn(name, indices, ops, like=flat)]
+
+    def combine(self, payloads, ctx, ops, scale=1.0):
+        burst = super().combine(payloads, ctx, ops, scale)
+        if self.moments is None:
+            return burst
+        drawn = [p[1] for p in payloads]
+        mean = drawn[0]
+        for more in drawn[1:]:
+            mean = ops.add(mean, more)
+        if scale != 1.0:
+            mean = ops.scale(mean, scale)
+        update = self.moments.precondition(ops.flatten(burst), mean, ctx.data["indices"],
+                                           ctx.data["name"], ops)
+        return ops.reshape(update, ctx.shape)
 
     def positions(self, payload, ctx):
         return ctx.data["indices"]  # drawn alike on every worker, never sent
@@ -65,4 +99,4 @@ class RandomK(Seeded, Sparse, Compressor):
         return None if self.scale else ctx.data["indices"]  # scaled values are not the tensor's
 
     def payload_nbytes(self, shape, itemsize):
-        return self.k(numel_of(shape)) * itemsize
+        return self.k(numel_of(shape)) * itemsize * (1 if self.moments is None else 2)

@@ -40,15 +40,24 @@ class DelayedResidualMemory(OwnsMomentum, ResidualMemory):
     multiplies each burst by ``1 / (1 - momentum)`` and diverges (measured: mnist's MLP, random-k
     1%, momentum 0.9, from the first epoch; momentum 0 trains to within a point of uncompressed
     momentum SGD, docs/quality.md). So the wrapped optimizer's momentum is taken over and not
-    applied; the learning rate is left as it is. Stich et al., "Sparsified SGD with Memory",
-    NeurIPS 2018 (its analysis is of plain SGD)."""
+    applied; the learning rate is left as it is. Wrapping Adam, each gradient is also folded into
+    the worker's own second moment (``moments``, ``grace.second_moment``) before error feedback adds
+    the residual. Stich et al., "Sparsified SGD with Memory", NeurIPS 2018 (its analysis is of plain
+    SGD)."""
 
     name = "delayed"
+    moments = None
+    """Adam's second moment (``grace.second_moment.SharedSecondMoment``), when taken over."""
 
     def __init__(self):
         super().__init__()
         self._init_momentum(None)
         self.turned_off = 0.0
+
+    def compensate(self, tensor, name, ops):
+        if self.moments is not None:
+            self.moments.observe(tensor, name, ops)
+        return super().compensate(tensor, name, ops)
 
     def take_momentum(self, found: OptimizerMomentum) -> None:
         self.turned_off = found.momentum  # self.momentum stays 0

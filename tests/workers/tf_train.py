@@ -114,7 +114,7 @@ def keras_fit(name, compression, different_start=True, momentum=0.0, accumulate=
     setting = {"optimizer_beta_1": float(model.optimizer.beta_1)} if adam else {
         "optimizer_momentum": float(model.optimizer.momentum)}
     save(name, kernel.T, bias, stats, jit_compile=bool(model.jit_compile), grace_log=log.lines,
-         **setting)
+         kernel_path=model.layers[0].kernel.path, **setting)
 
 
 scenarios = {

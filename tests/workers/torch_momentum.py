@@ -37,6 +37,10 @@ SCENARIOS = {
     "dgc_adam": (lambda: grace.dgc(0.05, sample_ratio=1.0), lambda p: torch.optim.Adam(p, 0.01)),
     "onebit_adam": (lambda: grace.onebit(), lambda p: torch.optim.Adam(p, 0.01)),
     "randomk_adam": (lambda: grace.randomk(0.05, seed=3, min_kept=1), lambda p: torch.optim.Adam(p, 0.01)),
+    "randomk_adamw": (lambda: grace.randomk(0.05, seed=3, min_kept=1),
+                      lambda p: torch.optim.AdamW(p, 0.01, weight_decay=0.5)),
+    "randomk_amsgrad": (lambda: grace.randomk(0.05, seed=3, min_kept=1),
+                        lambda p: torch.optim.Adam(p, 0.01, amsgrad=True)),
     # Each worker its own momentum, then rank 0's for all by hvd.broadcast_optimizer_state.
     "dgc_broadcast": (lambda: grace.dgc(0.05, sample_ratio=1.0),
                       lambda p: torch.optim.SGD(p, LR, MOMENTUM if rank == 0 else 0.5)),
@@ -68,7 +72,9 @@ for name, (make_compression, make_optimizer) in SCENARIOS.items():
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
         train_linear(model, optimizer, rank, 10)
         info.update(momentum_after=group.get("momentum"), betas_after=group.get("betas"),
-                    config_after=repr(optimizer._pipeline))
+                    config_after=repr(optimizer._pipeline),
+                    stepped_by_optimizer=sorted(optimizer._parameter_names[p] for p in optimizer.state),
+                    moments=sorted(optimizer.state_dict()["grace"]["moments"]))
     np.savez(os.path.join(outdir, f"{name}.rank{rank}.npz"), w=model.weight.detach().numpy(),
              b=model.bias.detach().numpy())
     with open(os.path.join(outdir, f"{name}.rank{rank}.json"), "w") as f:
