@@ -274,6 +274,9 @@ def main(argv=None) -> list[dict]:
                              "host's own cores (scripts/cluster.py)")
     parser.add_argument("--seed", type=int, default=0,
                         help="the workers' seed (initial weights, data order, synthetic data)")
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                        help="mnist and lstm: the workload's SGD, or Adam (lr 1e-3), whose moments "
+                             "random-k takes over (its payload then carries them too)")
     parser.add_argument("--out", default=os.path.join(ROOT, "out", "compare"))
     parser.add_argument("--from-json", nargs="+", metavar="FILE",
                         help="no runs: rebuild the tables and plots from earlier results.json files "
@@ -286,7 +289,7 @@ def main(argv=None) -> list[dict]:
             with open(path) as f:
                 for row in json.load(f):
                     key = (row["workload"], row["framework"], row["compression"], row["rate"],
-                           row["workers"])
+                           row["workers"], row.get("optimizer", "sgd"))
                     merged[key] = row
         os.makedirs(args.out, exist_ok=True)
         return write_outputs(list(merged.values()), args.out, time.time())
@@ -319,9 +322,10 @@ def main(argv=None) -> list[dict]:
     with tqdm(matrix, desc="runs", unit="run") as bar:
         for workload, fw, comp, rate, n in bar:
             bar.set_postfix_str(f"{workload} {fw} {label(comp)} {rate} {n}w")
-            extra = ("--seed", str(args.seed)) if args.seed else ()
+            extra = (("--seed", str(args.seed)) if args.seed else ()) + (
+                ("--optimizer", "adam") if args.optimizer == "adam" else ())
             row = run_one(fw, workload, comp, rate if emulate else None, n, args, emulate, extra)
-            row.update(rate=rate, seed=args.seed)
+            row.update(rate=rate, seed=args.seed, optimizer=args.optimizer)
             results.append(row)
             flat = flatten(row)
             bar.write(f"{workload:8s} {fw:5s} {flat['compression']:28s} {rate:10s} {n}w  "

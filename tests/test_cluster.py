@@ -109,6 +109,12 @@ def test_two_host_comparison_on_tiny_settings(tmp_path):
     assert "| torch | topk(ratio=0.01) | 20mbit | 2 | ok |" in (tmp_path / "results.md").read_text()
 
 
+def test_an_optimizer_other_than_sgd_or_adam_is_refused_before_any_run(capsys):
+    with pytest.raises(SystemExit):
+        compare.main(["--optimizer", "rmsprop", "--out", "/nonexistent"])
+    assert "--optimizer: invalid choice: 'rmsprop' (choose from 'sgd', 'adam')" in capsys.readouterr().err
+
+
 HOSTS_PROBE = """
 import json, os, torch, horovod.torch as hvd
 hvd.init()
