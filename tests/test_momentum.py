@@ -115,7 +115,18 @@ def test_randomk_takes_adams_moments_over_and_steps_its_tensors_itself(run):
     assert info(out, "randomk_adam")["moments"] == ["local", "shared", "weights"]
     assert "adam=SharedSecondMoment(beta2=0.999, eps=1e-08)" in info(out, "randomk_adam")["config"]
     taken = [line for line in log.splitlines() if "grace: randomk takes Adam's moments over" in line]
-    assert len(taken) == 2 and all(line.startswith("[0]") for line in taken)  # adam, adamw
+    assert len(taken) == 3 and all(line.startswith("[0]") for line in taken)  # adam, adamw, clipped
+
+
+def test_changing_the_updates_between_synchronize_and_step_is_warned_once(run):
+    """With Adam's moments taken over, the compressed tensors' ``.grad`` hold their updates after
+    ``synchronize()``: a script that clips there is told, once on each worker, to build the
+    compression with take_adam_moments=False; one that does not is told nothing."""
+    out, _ = run
+    for rank in range(2):
+        warned = info(out, "randomk_adam_clipped", rank)["warnings"]
+        assert len(warned) == 1 and "take_adam_moments=False" in warned[0]
+        assert info(out, "randomk_adam", rank)["warnings"] == []
 
 
 def test_adamw_decay_is_applied_to_the_tensors_stepped_by_the_wrapper(run):

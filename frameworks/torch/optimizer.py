@@ -254,6 +254,10 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
                     p.grad = result.to(p.dtype).to_sparse()  # optimizer (SparseAdam needs it)
                 else:
                     p.grad.set_(result.to(p.grad.dtype))
+        # The updates as the exchange gave them, to tell in step() whether the script changed
+        # them in between (clipping, a loss scaler's unscale_: meant for gradients).
+        self._updates_given = {p: (p.grad, p.grad._version) for p in self._steps_itself
+                               if p.grad is not None and not p.grad.is_sparse}
         self._reset_step()
         self._synchronized = True
 
@@ -282,6 +286,13 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         # optimizer steps the others (it skips a parameter without a gradient).
         updates = {p: p.grad for p in self._steps_itself
                    if p.grad is not None and not p.grad.is_sparse}
+        given = getattr(self, "_updates_given", {})
+        if any(given.get(p, (None, None)) != (u, u._version) for p, u in updates.items()):
+            _warn_once(self, "grace: the gradients of the tensors random-k compresses were changed "
+                       "between synchronize() and step() (clipped, unscaled or replaced), but with "
+                       "Adam's moments taken over they hold their updates, burst / (sqrt(v) + "
+                       "eps), not gradients: for a script that does this, build the compression "
+                       "with take_adam_moments=False (docs/quality.md, 'With Adam')")
         for p in updates:
             p.grad = None
         try:
@@ -327,6 +338,13 @@ def _optimizer_momentum(optimizer) -> tuple[OptimizerMomentum, bool] | None:
         return OptimizerMomentum(beta1, dampening=beta1,
                                  source=f"torch.optim.{type(optimizer).__name__}'s betas[0]"), True
     return None
+
+
+def _warn_once(optimizer, message: str) -> None:
+    """``message`` as a warning, once per wrapper (as Horovod warns: on every worker)."""
+    if not getattr(optimizer, "_warned", False):
+        optimizer._warned = True
+        warnings.warn(message, stacklevel=3)
 
 
 def _adam_settings(optimizer) -> tuple[float, float]:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
-from common import LR, torch_linear, train_linear  # noqa: E402
+from common import LR, batch, torch_linear, train_linear  # noqa: E402
 
 import grace  # noqa: E402
 
@@ -41,6 +42,9 @@ SCENARIOS = {
                       lambda p: torch.optim.AdamW(p, 0.01, weight_decay=0.5)),
     "randomk_amsgrad": (lambda: grace.randomk(0.05, seed=3, min_kept=1),
                         lambda p: torch.optim.Adam(p, 0.01, amsgrad=True)),
+    # Clipped between synchronize() and step(): the updates, not gradients (a warning says so).
+    "randomk_adam_clipped": (lambda: grace.randomk(0.05, seed=3, min_kept=1),
+                             lambda p: torch.optim.Adam(p, 0.01)),
     # Each worker its own momentum, then rank 0's for all by hvd.broadcast_optimizer_state.
     "dgc_broadcast": (lambda: grace.dgc(0.05, sample_ratio=1.0),
                       lambda p: torch.optim.SGD(p, LR, MOMENTUM if rank == 0 else 0.5)),
@@ -70,7 +74,20 @@ for name, (make_compression, make_optimizer) in SCENARIOS.items():
                     config=repr(optimizer._pipeline))
         if name == "dgc_broadcast":
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        train_linear(model, optimizer, rank, 10)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if name == "randomk_adam_clipped":
+                for step in range(3):
+                    x, y = (torch.from_numpy(a) for a in batch(rank, step))
+                    optimizer.zero_grad()
+                    torch.nn.functional.mse_loss(model(x), y).backward()
+                    optimizer.synchronize()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    with optimizer.skip_synchronize():
+                        optimizer.step()
+            else:
+                train_linear(model, optimizer, rank, 10)
+        info["warnings"] = [str(w.message) for w in caught if str(w.message).startswith("grace:")]
         info.update(momentum_after=group.get("momentum"), betas_after=group.get("betas"),
                     config_after=repr(optimizer._pipeline),
                     stepped_by_optimizer=sorted(optimizer._parameter_names[p] for p in optimizer.state),
