@@ -56,6 +56,8 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         self._momentum_taken: str | None = None  # "sgd" or "adam" once taken over (after the check)
         self._steps_itself: set = set()  # parameters whose update the compression gives (Adam's taken)
         self._group_of: dict = {}  # parameter -> its param group, as the groups are this step
+        self._updates_given: dict = {}  # parameter -> its update and version, as synchronize() left them
+        self._warned_updates_changed = False
         self._buckets: list[tuple] = []
         self._bucket_of: dict = {}
         self._bucket_ready: list[int] = []
@@ -286,13 +288,15 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         # optimizer steps the others (it skips a parameter without a gradient).
         updates = {p: p.grad for p in self._steps_itself
                    if p.grad is not None and not p.grad.is_sparse}
-        given = getattr(self, "_updates_given", {})
-        if any(given.get(p, (None, None)) != (u, u._version) for p, u in updates.items()):
-            _warn_once(self, "grace: the gradients of the tensors random-k compresses were changed "
-                       "between synchronize() and step() (clipped, unscaled or replaced), but with "
-                       "Adam's moments taken over they hold their updates, burst / (sqrt(v) + "
-                       "eps), not gradients: for a script that does this, build the compression "
-                       "with take_adam_moments=False (docs/quality.md, 'With Adam')")
+        if not self._warned_updates_changed and any(
+                self._updates_given.get(p) != (u, u._version) for p, u in updates.items()):
+            self._warned_updates_changed = True  # once per wrapper, on every worker, as Horovod warns
+            warnings.warn("grace: the gradients of the tensors random-k compresses were changed "
+                          "between synchronize() and step() (clipped, unscaled or replaced), but "
+                          "with Adam's moments taken over they hold their updates, burst / "
+                          "(sqrt(v) + eps), not gradients: for a script that does this, build the "
+                          "compression with take_adam_moments=False (docs/quality.md, 'With Adam')",
+                          stacklevel=2)
         for p in updates:
             p.grad = None
         try:
@@ -338,13 +342,6 @@ def _optimizer_momentum(optimizer) -> tuple[OptimizerMomentum, bool] | None:
         return OptimizerMomentum(beta1, dampening=beta1,
                                  source=f"torch.optim.{type(optimizer).__name__}'s betas[0]"), True
     return None
-
-
-def _warn_once(optimizer, message: str) -> None:
-    """``message`` as a warning, once per wrapper (as Horovod warns: on every worker)."""
-    if not getattr(optimizer, "_warned", False):
-        optimizer._warned = True
-        warnings.warn(message, stacklevel=3)
 
 
 def _adam_settings(optimizer) -> tuple[float, float]:

@@ -82,10 +82,7 @@ class RandomK(Seeded, Sparse, Compressor):
         burst = super().combine(payloads, ctx, ops, scale)
         if self.moments is None:
             return burst
-        drawn = [p[1] for p in payloads]
-        mean = drawn[0]
-        for more in drawn[1:]:
-            mean = ops.add(mean, more)
+        mean = self.aggregate([p[1] for p in payloads], ops)
         if scale != 1.0:
             mean = ops.scale(mean, scale)
         update = self.moments.precondition(ops.flatten(burst), mean, ctx.data["indices"],
