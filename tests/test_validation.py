@@ -87,6 +87,7 @@ def test_available_lists_the_catalogue():
     (lambda: grace.adaq(0.0), r"ratio must be in \(0, 1\], got 0.0"),
     (lambda: grace.terngrad(seed=-2), r"seed must be an int >= 0, got -2"),
     (lambda: grace.natural(seed="a"), r"seed must be an int >= 0, got 'a'"),
+    (lambda: grace.randomk(take_adam_moments="no"), r"take_adam_moments must be True or False, got 'no'"),
 ])
 def test_catalogue_parameters_are_checked_at_construction(build, message):
     with pytest.raises(ValueError, match=message):
