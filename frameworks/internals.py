@@ -7,6 +7,17 @@ wrappers. That needs a few names that are not public API:
 - **Routing** (public names, private timing): Horovod's wrapper functions are wrapped when their
   module is imported, before or after ``import grace``, by a finder on ``sys.meta_path`` that
   patches each module right after it executes. Nothing is copied into Horovod's installation.
+  Horovod's TF2 tape, ``broadcast_variables`` and Keras callbacks are routed whatever the
+  compression, to mend them for Keras 3 (``ALWAYS_ROUTED``, ``MENDED_CLASSES``: the callbacks'
+  ``__init__`` is wrapped; ``frameworks/tensorflow/keras3.py``).
+- **Horovod's Keras callbacks**: ``_local_vars``, ``broadcast_done``, ``backend``, ``initial_lr``,
+  ``multiplier``, ``momentum_correction``, ``end_epoch``, ``verbose`` and the methods
+  ``_adjust_learning_rate`` and ``_restore_momentum_if_needed``, which the mends read or replace.
+- **TensorFlow's AutoGraph**: ``autograph_info__`` marks a routed function, and grace's builders, as
+  ones to call unconverted (what ``tf.autograph.experimental.do_not_convert`` sets), so that
+  importing TensorFlow is not needed to route or build (``called_unconverted``).
+- **Horovod, TensorFlow's tape**: ``_local_sources``, ``process_set`` and
+  ``scale_local_gradients`` of ``_DistributedGradientTape``, read by the mended ``gradient()``.
 - **Horovod, TensorFlow**: the gradient-combining function of ``DistributedGradientTape`` and of the
   TF1 ``DistributedOptimizer`` (``_allreduce_grads``, also on its ``_agg_helper`` when it
   accumulates), ``_LegacyOptimizer`` to tell a TF1 optimizer from a Keras one, and
@@ -107,29 +118,74 @@ ROUTES = {
     "horovod.tensorflow": {
         "DistributedGradientTape": "frameworks.tensorflow.tape:DistributedGradientTape",
         "DistributedOptimizer": "frameworks.tensorflow.tape:DistributedOptimizer",
+        "broadcast_variables": "frameworks.tensorflow.keras3:broadcast_variables",
     },
     "horovod.tensorflow.keras": {
         "DistributedOptimizer": "frameworks.tensorflow.keras:DistributedOptimizer",
     },
+    "horovod.tensorflow.keras.callbacks": {},
+}
+# The names routed whatever the compression: Horovod's TF2 entry points mended for Keras 3
+# variables (frameworks/tensorflow/keras3.py; each keeps Horovod's own path for tf.Variables).
+ALWAYS_ROUTED = {
+    ("horovod.tensorflow", "DistributedGradientTape"),
+    ("horovod.tensorflow", "broadcast_variables"),
+}
+# Horovod classes whose instances are mended after Horovod's own __init__ ("module:function", called
+# as function(instance, init, *args, **kwargs), which calls init): the class stays Horovod's (its
+# methods name it through the module, so it cannot be replaced), for Keras 3.
+MENDED_CLASSES = {
+    "horovod.tensorflow.keras.callbacks": {
+        "BroadcastGlobalVariablesCallback": "frameworks.tensorflow.keras3:mend_broadcast_callback",
+        "MetricAverageCallback": "frameworks.tensorflow.keras3:mend_metric_average",
+        "LearningRateScheduleCallback": "frameworks.tensorflow.keras3:mend_schedule",
+        "LearningRateWarmupCallback": "frameworks.tensorflow.keras3:mend_warmup",
+    },
 }
 
 
-def route(original: Callable, target: str) -> Callable:
-    """``original`` unless its ``compression`` argument is a grace ``Pipeline``, then ``target``
-    ("module:function", imported on first use) with the same arguments."""
+def mend_class(cls: type, target: str) -> None:
+    """Have ``target`` build (and mend) every new ``cls`` instance in place of ``cls.__init__``;
+    ``original_init(cls)`` gives Horovod's back. Idempotent."""
+    init = cls.__dict__["__init__"]
+    if hasattr(init, "__grace_original__"):
+        return
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        module, function = target.split(":")
+        getattr(importlib.import_module(module), function)(self, init, *args, **kwargs)
+
+    __init__.__grace_original__ = init
+    cls.__init__ = __init__
+
+
+def route(original: Callable, target: str, always: bool = False) -> Callable:
+    """``original`` unless its ``compression`` argument is a grace ``Pipeline`` (or ``always``),
+    then ``target`` ("module:function", imported on first use) with the same arguments."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
     def routed(*args, **kwargs):
         from grace.pipeline import Pipeline
 
-        if isinstance(signature.bind(*args, **kwargs).arguments.get("compression"), Pipeline):
+        if always or isinstance(signature.bind(*args, **kwargs).arguments.get("compression"),
+                                Pipeline):
             module, function = target.split(":")
             return getattr(importlib.import_module(module), function)(*args, **kwargs)
         return original(*args, **kwargs)
 
     routed.__grace_original__ = original
-    return routed
+    return called_unconverted(routed)
+
+
+def called_unconverted(function: Callable) -> Callable:
+    """``function``, marked for TensorFlow's AutoGraph to call as it is inside a traced step rather
+    than convert it (what ``tf.autograph.experimental.do_not_convert`` marks, without importing
+    TensorFlow): for plain Python with no control flow on tensors (routing, grace's builders, whose
+    callers' line must stay the user's: ``tensorflow_trace_site``)."""
+    function.autograph_info__ = frozenset()
+    return function
 
 
 def original(module: str, name: str) -> Callable:
@@ -143,7 +199,11 @@ def _patch(module) -> None:
         return
     for name, target in ROUTES[module.__name__].items():
         if hasattr(module, name):
-            setattr(module, name, route(getattr(module, name), target))
+            always = (module.__name__, name) in ALWAYS_ROUTED
+            setattr(module, name, route(getattr(module, name), target, always))
+    for name, target in MENDED_CLASSES.get(module.__name__, {}).items():
+        if isinstance(getattr(module, name, None), type):
+            mend_class(getattr(module, name), target)
     module._grace_patched = True
 
 
@@ -170,8 +230,31 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         return None
 
 
+_PACKAGES = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + name + os.sep
+                  for name in ("grace", "frameworks"))
+
+
+def tensorflow_trace_site() -> tuple[str, int] | None:
+    """Where the user's code is (file, line: the first frame outside grace and TensorFlow, whose
+    AutoGraph calls the user's converted code through its own) while TensorFlow, if it is
+    imported, traces a function (``tf.function``); ``None`` when it is not tracing."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not hasattr(tf, "inside_function") or not tf.inside_function():
+        return None
+    skip = _PACKAGES + (os.path.dirname(os.path.abspath(tf.__file__)) + os.sep,)
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skip):
+        frame = frame.f_back
+    return None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+
+
 def install_routes() -> None:
-    """Patch the Horovod modules already imported and those imported later. Idempotent."""
+    """Patch the Horovod modules already imported and those imported later, and tell pipelines
+    built while TensorFlow traces (``grace.pipeline.BUILT_WHILE_TRACING``). Idempotent."""
+    from grace import pipeline
+
+    if tensorflow_trace_site not in pipeline.BUILT_WHILE_TRACING:
+        pipeline.BUILT_WHILE_TRACING.append(tensorflow_trace_site)
     if not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _PatchOnImport())
     for name in ROUTES:
@@ -192,6 +275,29 @@ def is_tf1_optimizer(optimizer: Any) -> bool:
     import horovod.tensorflow as hvd
 
     return isinstance(optimizer, _require("horovod", hvd, "_LegacyOptimizer"))
+
+
+def tf_tape_internals(tape: Any) -> tuple[set, Any, Callable[[], Any]]:
+    """Horovod's ``_DistributedGradientTape`` ``tape``'s set of local sources' keys, its process set,
+    and the count of workers its ``gradient()`` divides local gradients by (as Horovod counts it:
+    the size op under elastic Horovod)."""
+    local = _require("horovod", tape, "_local_sources")
+    _require("horovod", tape, "scale_local_gradients")
+    process_set = _require("horovod", tape, "process_set")
+
+    def size() -> Any:
+        if int(os.environ.get("HOROVOD_ELASTIC", 0)):
+            from horovod.tensorflow import mpi_ops
+
+            return _require("horovod", mpi_ops, "size_op")(process_set_id=process_set.process_set_id)
+        return process_set.size()
+
+    return local, process_set, size
+
+
+def horovod_attribute(owner: Any, name: str) -> Any:
+    """``owner.name``, a private attribute of a Horovod object (after the version check)."""
+    return _require("horovod", owner, name)
 
 
 def combine_gradients_with(wrapper: Any, reduce_grads: Callable) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+from grace import heap
 from grace.collectives import Solo
 
 
@@ -12,6 +14,33 @@ def log_once(line: str | None, process_set) -> None:
     wrapper's takeover or caution, said once per job rather than once per worker)."""
     if line is not None and process_set.included() and process_set.rank() == 0:
         logging.getLogger("grace").warning(line)
+
+
+_TOLD: set = set()
+
+
+def say_once(line: str | None, process_set, key: Any = None) -> None:
+    """``log_once``, the first time this process meets ``line`` (or ``key``) only: for what is said
+    where it happens again (a tape built at every eager step or trace, a wrapper built twice)."""
+    key = line if key is None else key
+    if line is not None and key not in _TOLD:
+        _TOLD.add(key)
+        log_once(line, process_set)
+
+
+HEAP_LINE = (f"grace: glibc's heap now keeps freed memory, process-wide (blocks up to "
+             f"{heap.MMAP_THRESHOLD >> 20} MiB from the heap, up to {heap.TRIM_THRESHOLD >> 30} GiB "
+             f"of free heap kept mapped), so that each step reuses the last one's pages instead of "
+             f"having fresh ones zeroed (docs/setup.md); {heap.ENV}=0 leaves glibc as it is")
+
+
+def announce(pipeline: Any, process_set, optimizer_seen: bool = True) -> None:
+    """Set glibc's heap for the steps (``grace.heap``), and say once on rank 0 each way grace
+    departs from what the user set (``Pipeline.notices``), as every wrapper does when it is built."""
+    if heap.keep_freed_memory():
+        say_once(HEAP_LINE, process_set)
+    for line in pipeline.notices(process_set.size(), optimizer_seen):
+        say_once(line, process_set)
 
 
 class ProcessSetCollectives:

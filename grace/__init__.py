@@ -53,12 +53,17 @@ u8bit = factory("u8bit")
 sketch = factory("sketch")
 adaq = factory("adaq")
 inceptionn = factory("inceptionn")
+twobit = factory("twobit")
 
 internals.install_routes()
+for _builder in (build, from_params, *(globals()[name] for name in available())):
+    internals.called_unconverted(_builder)  # inside a traced step, called as they are
+del _builder
 
 __all__ = [
     "Collectives", "Communicator", "Compressor", "Context", "Memory", "Ops", "Pipeline",
     "DEFAULT_MIN_NUMEL", "available", "build", "compressor_params", "from_params", "ops_for",
     "none", "fp16", "bf16", "topk", "randomk", "threshold", "dgc", "qsgd", "terngrad", "onebit",
     "signsgd", "signum", "efsignsgd", "natural", "powersgd", "u8bit", "sketch", "adaq", "inceptionn",
+    "twobit",
 ]

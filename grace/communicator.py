@@ -45,6 +45,11 @@ class Communicator(ABC):
         """Called once with the pipeline's compressor and memory: raise ``ValueError`` if this
         communicator would give wrong results with them."""
 
+    def notice(self, size: int, compressor: str) -> str | None:
+        """A sentence saying what this communicator chooses for a job of ``size`` workers that the
+        user did not name, for the wrapper to log once on rank 0; ``None`` when nothing."""
+        return None
+
     @abstractmethod
     def start(self, payloads: Sequence[Payload], varies: Sequence[bool], flag: Tensor | None,
               tag: str, group: Collectives, ops: Ops, entries: Sequence[Any] = ()) -> Started:

@@ -214,6 +214,17 @@ class Compressor(ABC):
         this compressor, unless its aggregate is something it cannot encode (a majority vote)."""
         return self
 
+    def notice(self) -> str | None:
+        """A sentence saying how this compressor, as built, departs from what the user set (e.g. a
+        floor under ``ratio``), for the wrapper to log once on rank 0; ``None`` when it does not."""
+        return None
+
+    def learning_rate_notice(self, lr: float | None, optimizer_momentum: float = 0.0) -> str | None:
+        """Where this compressor needs a learning rate far from ``lr`` (the optimizer's at its first
+        step; ``None`` where no optimizer is seen), the sentence the wrapper logs once on rank 0
+        with the rate that works; ``optimizer_momentum``: the momentum the optimizer still applies."""
+        return None
+
     def accepts(self, shape: tuple[int, ...]) -> bool:
         """Whether this algorithm applies to a tensor of this shape (PowerSGD needs a matrix)."""
         return True

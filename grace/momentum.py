@@ -72,6 +72,33 @@ class OwnsMomentum:
         return (f"grace: {compressor} applies {found.source} ({found.momentum}{look}) itself, before "
                 f"compression, and the optimizer steps without it, so that it applies once")
 
+    def kept_line(self, found: OptimizerMomentum, compressor: str) -> str | None:
+        """What the wrapper logs once when the optimizer has no momentum and this part keeps its
+        own default (``keeps_default_momentum``: signum), else ``None``."""
+        if not self.keeps_default_momentum or self.momentum_given is not None or not self.momentum:
+            return None
+        return (f"grace: {compressor} applies its own momentum ({self.momentum_param} "
+                f"{self.momentum}), the sign of a momentum being its algorithm, though "
+                f"{found.source} is 0; {compressor}({self.momentum_param}=0) sends the sign of the "
+                f"gradient (signSGD)")
+
+    def unseen_optimizer_line(self, compressor: str) -> str | None:
+        """What the wrapper logs once where it sees no optimizer (``DistributedGradientTape``), so
+        that none is taken over: the momentum this part applies itself, or how to give it one.
+        ``None`` where the user gave the momentum explicitly."""
+        if self.momentum_given is not None:
+            return None
+        if self.momentum:
+            return (f"grace: {compressor} applies its own momentum ({self.momentum_param} "
+                    f"{self.momentum}) before compression, and DistributedGradientTape sees no "
+                    f"optimizer to take it from: give the optimizer no momentum (it would apply "
+                    f"twice), or pass {compressor}({self.momentum_param}=...) the value you want")
+        return (f"grace: {compressor} applies the momentum itself, before compression, where it is "
+                f"given one, and DistributedGradientTape sees no optimizer to take it from: pass "
+                f"{compressor}({self.momentum_param}=0.9) and give the optimizer no momentum "
+                f"(applied after error feedback, an optimizer's momentum diverges with "
+                f"{compressor}: docs/quality.md)")
+
     def take_momentum(self, found: OptimizerMomentum) -> None:
         if self.momentum_given is not None:
             raise ValueError(

@@ -116,6 +116,13 @@ def _sum_payloads(payloads: list, ops: Ops) -> list:
     return total
 
 
+BUILT_WHILE_TRACING: list[Callable[[], Any]] = []
+"""Functions, one per framework that traces (registered by its adapter), that give where the user's
+code is building a pipeline while that framework traces a function (``tf.function``): the line of
+the user's code, or ``None`` when it is not tracing. A pipeline built then keeps it in
+``built_while_tracing``."""
+
+
 class Pipeline:
     """Compression of gradients with error feedback, and their exchange in buckets.
 
@@ -167,7 +174,7 @@ class Pipeline:
     def __init__(self, compressor: Compressor, memory: Memory, communicator: Communicator,
                  min_numel: int = 0, check_finite: bool = True, warmup_steps: int = 0,
                  granularity: str = "layer", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 hierarchical: bool = False):
+                 hierarchical: bool = False, keep_optimizer: bool = False):
         communicator.bind(compressor, memory)
         if granularity == "bucket" and not compressor.accepts((2**20,)):
             raise ValueError(f"granularity='bucket' joins a bucket's tensors into one vector, which "
@@ -182,6 +189,16 @@ class Pipeline:
         self.granularity = granularity
         self.bucket_bytes = bucket_bytes
         self.hierarchical = hierarchical
+        self.keep_optimizer = keep_optimizer
+        """Leave the wrapped optimizer as the user set it: take neither its momentum nor Adam's
+        moments over; a part that applies momentum itself applies only what it was given."""
+        self._kept_notes: list[str] = []  # said by take_momentum where it changed nothing
+        self.built_while_tracing = next(
+            (site for site in (where() for where in BUILT_WHILE_TRACING) if site is not None), None)
+        """Where the user's code built it inside a function being traced (Horovod's examples
+        build their compression inside the ``tf.function`` step), else ``None``: the framework's
+        wrapper shares the one pipeline that line builds among the traces
+        (``frameworks/tensorflow/keras3.py``)."""
         self._exchanges: dict = {}  # per tensor: how many exchanges the warm-up has counted
         self._dense_compressor = NoneCompressor()
         self._dense_memory = NoneMemory()
@@ -200,6 +217,9 @@ class Pipeline:
         it drives reads and writes through."""
         self._own(compressor, memory, self._dense_compressor, self._dense_memory, self._row_residual,
                   self._row_velocity, self._owner_memory)
+        part = owner(self)
+        if keep_optimizer and part is not None and part.momentum_given is None:
+            part.momentum = 0.0  # nothing of the optimizer's is taken, and no default added
         self.reset_stats()
 
     def _own(self, *parts: Any) -> None:
@@ -214,6 +234,7 @@ class Pipeline:
                 f"check_finite={self.check_finite}, warmup_steps={self.warmup_steps}, "
                 f"granularity={self.granularity!r}, bucket_bytes={self.bucket_bytes}"
                 + (", hierarchical=True" if self.hierarchical else "")
+                + (", keep_optimizer=True" if self.keep_optimizer else "")
                 + (f", adam={self._moments!r})" if self._moments is not None else ")"))
 
     # --- what Horovod's own optimizer would call -----------------------------------------------
@@ -235,14 +256,34 @@ class Pipeline:
         once, or ``None`` when nothing was taken (``adam``: ``found`` is Adam's ``beta_1``, taken
         only by the algorithms that ask for it). See ``grace.momentum``."""
         part = owner(self)
-        if part is None or (adam and not part.takes_adam_beta1):
+        if part is None or (adam and not part.takes_adam_beta1) or self.keep_optimizer:
             return None
         if found.momentum == 0.0:
             if part.momentum_given is None and not part.keeps_default_momentum:
                 part.momentum = 0.0  # the optimizer as it is: no momentum there, none here
+            kept = part.kept_line(found, self.compressor.name)
+            if kept is not None:
+                self._kept_notes.append(kept)
             return None
         self._apply_momentum(part, found)
         return part.takeover_line(found, self.compressor.name)
+
+    def notices(self, size: int, optimizer_seen: bool = True) -> list[str]:
+        """The sentences a wrapper logs once on rank 0 when it is built for a job of ``size``
+        workers: each way this pipeline departs from what the user set and nothing else says
+        (``take_momentum``'s and ``take_adam_moments``' own lines aside): a compressor's floor
+        under its ratio, the route ``communicator="auto"`` takes at this size, a compressor's own
+        momentum kept over an optimizer without one, and, where the wrapper sees no optimizer
+        (``optimizer_seen=False``: ``DistributedGradientTape``), the momentum a compressor applies
+        itself or needs to be given."""
+        lines = [self.compressor.notice(), self.communicator.notice(size, self.compressor.name),
+                 *self._kept_notes]
+        part = owner(self)
+        if not optimizer_seen and part is not None and not self.keep_optimizer:
+            lines.append(part.unseen_optimizer_line(self.compressor.name))
+        if not optimizer_seen:
+            lines.append(self.compressor.learning_rate_notice(None))
+        return [line for line in lines if line is not None]
 
     def adam_caution(self, optimizer: str) -> str | None:
         """The line a wrapper logs once when this pipeline wraps Adam (``optimizer`` names it), where
@@ -264,7 +305,7 @@ class Pipeline:
         each step with the optimizer's settings as they are then. Returns the sentence to log once,
         or ``None``."""
         takes = getattr(self.compressor, "can_take_second_moment", False)
-        if not (takes and averaged and type(self.memory) is DelayedResidualMemory
+        if not (takes and averaged and not self.keep_optimizer and type(self.memory) is DelayedResidualMemory
                 and type(self.communicator) is Allreduce and not self.hierarchical
                 and self.granularity == "layer" and not self.warmup_steps):
             return None

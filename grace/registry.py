@@ -23,7 +23,7 @@ COMMUNICATORS: dict[str, type[Communicator]] = {
 }
 
 _PIPELINE_KEYS = ("compressor", "memory", "communicator", "min_numel", "check_finite", "warmup_steps",
-                  "granularity", "bucket_bytes", "hierarchical")
+                  "granularity", "bucket_bytes", "hierarchical", "keep_optimizer")
 
 
 def default_communicator(cls: type[Compressor]) -> str:
@@ -56,7 +56,7 @@ def memory_params(name: str) -> dict[str, Any]:
 def build(compressor: str, *, memory: str | None = None, communicator: str | None = None,
           min_numel: int = DEFAULT_MIN_NUMEL, check_finite: bool = True, warmup_steps: int | None = None,
           granularity: str = "layer", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-          hierarchical: bool = False, **params: Any) -> Pipeline:
+          hierarchical: bool = False, keep_optimizer: bool = False, **params: Any) -> Pipeline:
     """A pipeline for the named compressor with its paper's defaults, ``memory`` and
     ``communicator`` overridden by name when given, and the compressor's own ``params``.
     ``check_finite=False`` saves the 4-byte flag per tensor at the price of Inf/NaN gradients
@@ -65,7 +65,9 @@ def build(compressor: str, *, memory: str | None = None, communicator: str | Non
     ``"layer"`` compresses each tensor on its own, ``"bucket"`` a bucket's tensors as one vector;
     ``bucket_bytes``: the dense bytes of gradients that travel together (0: every tensor alone);
     ``hierarchical``: sum dense within each host and compress only between hosts
-    (``grace.hierarchy``); see ``Pipeline``."""
+    (``grace.hierarchy``); ``keep_optimizer``: leave the wrapped optimizer as the user set it, its
+    momentum and Adam's moments not taken over (docs/user-guide.md, "What grace changes, and how
+    to keep it"); see ``Pipeline``."""
     name = check_choice("compressor", compressor, COMPRESSORS)
     cls = COMPRESSORS[name]
     memory = check_choice("memory", memory or cls.default_memory, MEMORIES)
@@ -84,10 +86,11 @@ def build(compressor: str, *, memory: str | None = None, communicator: str | Non
     granularity = check_choice("granularity", granularity, GRANULARITIES)
     bucket_bytes = check_int("bucket_bytes", bucket_bytes, minimum=0)
     hierarchical = check_bool("hierarchical", hierarchical)
+    keep_optimizer = check_bool("keep_optimizer", keep_optimizer)
     compressor_obj = cls(**{k: v for k, v in params.items() if k in own})
     memory_obj = MEMORIES[memory](**{k: v for k, v in params.items() if k in of_memory})
     return Pipeline(compressor_obj, memory_obj, COMMUNICATORS[communicator](), min_numel, check_finite,
-                    warmup_steps, granularity, bucket_bytes, hierarchical)
+                    warmup_steps, granularity, bucket_bytes, hierarchical, keep_optimizer)
 
 
 def factory(name: str) -> Callable[..., Pipeline]:

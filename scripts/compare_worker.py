@@ -395,7 +395,6 @@ def run_tf(args, spec):
     import tensorflow as tf
 
     import grace
-    from frameworks.tensorflow.keras import broadcast_variables
 
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -492,8 +491,6 @@ def run_tf(args, spec):
 
     if model is not None:
         variables = model.trainable_variables
-    # Horovod's tape needs tf.Variables (it calls .ref()); a Keras 3 variable holds one in .value.
-    watched = [v.value if isinstance(v, keras.Variable) else v for v in variables]
     pipeline = grace.from_params(spec) if isinstance(spec, dict) else None
     # grace's compressions go through the Keras optimizer wrapper, which sees the optimizer and can
     # take its momentum over (as a Keras user's model.fit does); Horovod's own baselines through its
@@ -516,7 +513,7 @@ def run_tf(args, spec):
             if distributed and pipeline is None:
                 tape = hvd.DistributedGradientTape(tape, compression=compression,
                                                    sparse_as_dense=not sparse)
-            grads = tape.gradient(loss, watched)
+            grads = tape.gradient(loss, variables)
             if distributed and pipeline is not None and not sparse:
                 grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
             optimizer.apply(grads, variables)
@@ -527,7 +524,7 @@ def run_tf(args, spec):
     data = (lambda: batch()) if batch else (lambda: ())
     local(*data())
     compute_s = median_time(lambda: local(*data()), CALIBRATION_STEPS)
-    broadcast_variables(variables, root_rank=0)  # Horovod's fails on Keras 3 variables
+    hvd.broadcast_variables(variables, root_rank=0)  # Keras 3 variables too, with import grace
     grads = [g for g in local(*data()) if g is not None]
     sent = dense_bytes([sparse_size(g) for g in grads], spec)
     grads = [g.values if isinstance(g, tf.IndexedSlices) and sparse else tf.convert_to_tensor(g)

@@ -36,6 +36,15 @@ def _find(name: str, data_dir: str) -> str:
         f"FASHION_MNIST_DIR to a folder holding the four IDX files.")
 
 
+def raw(split: str = "train", data_dir: str = DATA_DIR) -> tuple[np.ndarray, np.ndarray]:
+    """Images as uint8 (N, 28, 28) and labels as uint8 (N,), as ``keras.datasets.mnist`` gives
+    MNIST's."""
+    if split not in FILES:
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    images_file, labels_file = FILES[split]
+    return _read_idx(_find(images_file, data_dir)), _read_idx(_find(labels_file, data_dir))
+
+
 def load(split: str = "train", data_dir: str = DATA_DIR) -> tuple[np.ndarray, np.ndarray]:
     """Images as float32 (N, 784), standardised, and labels as int64 (N,)."""
     if split not in FILES:

@@ -27,8 +27,10 @@ Runs are on localhost (quality does not depend on the link); each is a ``compare
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -54,6 +56,32 @@ BUDGET = {"mnist": (10, 468), "lstm": (10, 400), "words": (10, 400)}
 TARGET_POINTS = {"qsgd": 2.0, "terngrad": 2.0, "signsgd": 3.0, "signum": 3.0}
 DEFAULT_TARGET = 1.0
 SIGN_METHODS = ("signsgd", "signum")
+
+
+def code_version() -> str | None:
+    """The commit the runs measure (``+`` if the tree had changes), recorded with each run."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=compare.ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    try:
+        return git("rev-parse", "--short", "HEAD") + ("+" if git("status", "--porcelain", "--",
+                                                                   "grace", "frameworks") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def merge(runs_per_file: list[list[dict]]) -> list[dict]:
+    """One run per set-up (workload, optimizer, framework, compression, seed): the one finished
+    last by its recorded date (``finished``); runs recorded before dates were (none) count as
+    older than any dated run, and among them the later file wins."""
+    merged: dict = {}
+    for runs in runs_per_file:
+        for r in runs:
+            key = (r["workload"], r.get("optimizer", "sgd"), r["framework"], r["compression"],
+                   r.get("seed", 0))
+            if key not in merged or r.get("finished", "") >= merged[key].get("finished", ""):
+                merged[key] = r
+    return list(merged.values())
 
 
 def learning_rate(name: str, workload: str, optimizer: str) -> float | None:
@@ -98,7 +126,9 @@ def run_matrix(args) -> list[dict]:
                 # down by the root of their count (docs/quality.md); their steps are ±lr anyway.
                 extra += ["--clip", "0"]
             row = compare.run_one(fw, workload, comp, None, 2, run_args, emulate=False, extra=tuple(extra))
-            row.update(rate="unshaped (localhost)", optimizer=optimizer, lr=lr, seed=seed)
+            row.update(rate="unshaped (localhost)", optimizer=optimizer, lr=lr, seed=seed,
+                       finished=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                           timespec="seconds"), commit=code_version())
             results.append(row)
             final = row["epochs"][-1] if row["status"] == "ok" else None
             metric = compare.METRIC[workload][0]
@@ -305,18 +335,16 @@ def main(argv=None):
                              "the gaps across seeds is added")
     parser.add_argument("--out", default=os.path.join(compare.ROOT, "out", "quality"))
     parser.add_argument("--from-json", nargs="+", metavar="FILE",
-                        help="no runs: tables and plot from earlier quality.json files (a later run "
-                             "of the same set-up replaces an earlier one)")
+                        help="no runs: tables and plot from earlier quality.json files (of runs of "
+                             "the same set-up, the one finished last by its recorded date)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     if args.from_json:
-        merged: dict = {}
+        runs = []
         for path in args.from_json:
             with open(path) as f:
-                for r in json.load(f):
-                    merged[(r["workload"], r.get("optimizer", "sgd"), r["framework"], r["compression"],
-                            r.get("seed", 0))] = r
-        return write(list(merged.values()), args.out)
+                runs.append(json.load(f))
+        return write(merge(runs), args.out)
     import grace
 
     if args.compressors is None:

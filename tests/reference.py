@@ -100,6 +100,25 @@ def onebit_with_residual(bucket=512):
     return compress
 
 
+def twobit_with_residual(threshold=1.0, relative=True):
+    """Two-bit quantization with error feedback (MXNet's 2bit, Strom 2015): each element of
+    (gradient + residual) becomes +t at or above t, -t at or below -t, else 0; ``t`` is
+    ``threshold``, times the compensated tensor's root mean square where ``relative``; the rest is
+    the new residual. In float32, as the compressor quantizes (its root mean square in float64)."""
+    residuals = {}
+
+    def compress(name, rank, step, g):
+        c = (g + residuals.get((name, rank), 0.0)).astype(np.float32)
+        t = np.float32(threshold)
+        if relative:
+            t = np.float32(np.float32(np.sqrt(np.sum(c.astype(np.float64) ** 2)))
+                           * np.float32(threshold / np.sqrt(c.size)))
+        sent = np.where(c >= t, t, np.where(-c >= t, -t, np.float32(0.0))).astype(np.float32)
+        residuals[(name, rank)] = c - sent
+        return sent
+    return compress
+
+
 def randomk_with_residual(ratio, seed):
     """Random-k with indices from the seed every worker derives from (seed, name, step), as the
     workers build it with ``min_kept=1``: ``ratio`` of every tensor, at least one entry."""

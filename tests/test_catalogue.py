@@ -250,6 +250,46 @@ def test_efsignsgd_scaled_sign_per_bucket(tensor):
     np.testing.assert_allclose(out, np.where(x >= 0, 1, -1) * np.abs(x).mean(), rtol=1e-5)
 
 
+def test_twobit_codes_are_mxnets_sixteen_to_a_32_bit_word(tensor):
+    """MXNet's 2bit codes, least significant first: 11 for at or above +t, 10 for at or below -t,
+    00 otherwise; 16 elements in 4 bytes. Absolute t = 0.5 here (MXNet's)."""
+    x = np.array([0.5, -0.5, 0.49, -0.49, 2.0, -3.0, 0.0, 0.1] * 2, np.float32)
+    payload, ctx = grace.twobit(0.5, relative=False).compressor.compress(tensor(x), "w")
+    (packed,) = [as_numpy(p) for p in payload]
+    assert packed.dtype == np.uint8 and packed.size == 4
+    codes = [(int(byte) >> shift) & 3 for byte in packed for shift in (0, 2, 4, 6)]
+    assert codes == [0b11, 0b10, 0b00, 0b00, 0b11, 0b10, 0b00, 0b00] * 2
+    out = as_numpy(grace.twobit(0.5, relative=False).compressor.decompress(payload, ctx))
+    np.testing.assert_array_equal(out, np.where(x >= 0.5, 0.5, np.where(x <= -0.5, -0.5, 0.0)))
+
+
+def test_twobit_codes_an_all_zero_tensor_as_zeros(tensor):
+    """An all-zero tensor's relative threshold is 0: every element is at or above it (11), none
+    below -0 (no 10, and no code outside [0, 4) spilling into its neighbour), all decoded 0."""
+    x = np.zeros(16, np.float32)
+    payload, ctx = grace.twobit().compressor.compress(tensor(x), "w")
+    t, packed = (as_numpy(p) for p in payload)
+    assert t[0] == 0.0 and list(packed) == [0xFF] * 4
+    assert not as_numpy(grace.twobit().compressor.decompress(payload, ctx)).any()
+
+
+def test_twobit_relative_threshold_is_a_multiple_of_the_root_mean_square(tensor):
+    x = gaussian(1000, 5)
+    payload, ctx = grace.twobit(1.5).compressor.compress(tensor(x), "w")
+    t = 1.5 * float(np.sqrt(np.mean(x.astype(np.float64) ** 2)))
+    assert as_numpy(payload[0])[0] == pytest.approx(t, rel=1e-6)
+    out = as_numpy(grace.twobit(1.5).compressor.decompress(payload, ctx))
+    far = np.abs(np.abs(x) - t) > 1e-5 * t
+    expected = np.where(x >= t, t, np.where(x <= -t, -t, 0.0))
+    np.testing.assert_allclose(out[far], expected[far], rtol=1e-6)
+
+
+@pytest.mark.parametrize("threshold", [0, -0.5, float("inf"), float("nan"), "0.5", True])
+def test_twobit_threshold_must_be_positive_and_finite(threshold):
+    with pytest.raises(ValueError, match=r"threshold must be a finite number > 0, got"):
+        grace.twobit(threshold)
+
+
 def test_signsgd_majority_vote():
     grads = [np.array([1.0, -1.0, 2.0, -3.0, 0.5], np.float32),
              np.array([1.0, 1.0, -2.0, -3.0, -0.5], np.float32),
@@ -325,6 +365,8 @@ def test_bit_counts_of_payloads(tensor, numel):
     assert nbytes(grace.efsignsgd()) == [4 * buckets, math.ceil(numel / 8)]   # a scale per bucket
     assert nbytes(grace.onebit()) == [8 * buckets, math.ceil(numel / 8)]      # two means per bucket
     assert nbytes(grace.terngrad()) == [4, math.ceil(numel * 2 / 8)]
+    assert nbytes(grace.twobit()) == [4, math.ceil(numel * 2 / 8)]     # relative: its threshold too
+    assert nbytes(grace.twobit(0.5, relative=False)) == [math.ceil(numel * 2 / 8)]
     norms = 4 * buckets                                                # one per bucket of 512
     assert nbytes(grace.qsgd(1)) == [norms, math.ceil(numel * 2 / 8)]   # s = 1: 2 bits
     assert nbytes(grace.qsgd(3)) == [norms, math.ceil(numel * 3 / 8)]   # 1 + ceil(log2 4)
@@ -404,7 +446,8 @@ def test_mixed_precision_comes_back_in_its_own_dtype(name, dtype):
 
 
 # --- error feedback ------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", ["topk", "randomk", "threshold", "onebit", "efsignsgd", "adaq"])
+@pytest.mark.parametrize("name", ["topk", "randomk", "threshold", "onebit", "efsignsgd", "adaq",
+                                  "twobit"])
 def test_error_feedback_invariant(tensor, name):
     pipeline = grace.build(name, min_numel=0)
     memory, compressor = pipeline.memory, pipeline.compressor

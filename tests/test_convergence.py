@@ -31,7 +31,7 @@ MAX_ACCURACY_DROP = 0.12
 # fresh tf.function per compressor costs ~5 s here. The others share every line of the algorithm
 # with the PyTorch run, which test_horovod_tensorflow.test_pytorch_and_tensorflow_train_alike holds
 # to the same weights.
-TF = ["none", "dgc", "onebit", "efsignsgd", "adaq", "randomk", "signum", "signsgd"]
+TF = ["none", "dgc", "onebit", "efsignsgd", "adaq", "randomk", "signum", "signsgd", "twobit"]
 
 
 @pytest.fixture(scope="module")

@@ -96,7 +96,8 @@ def exchange(pipelines, steps=2, bucketed=True, grads=gradients, scale=0.5, reco
 
 
 COMPRESSORS = ["none", "fp16", "topk", "randomk", "threshold", "qsgd", "terngrad", "onebit",
-               "efsignsgd", "powersgd", "dgc", "natural", "u8bit", "sketch", "adaq", "inceptionn"]
+               "efsignsgd", "powersgd", "dgc", "natural", "u8bit", "sketch", "adaq", "inceptionn",
+               "twobit"]
 
 
 @pytest.mark.parametrize("name", COMPRESSORS)

@@ -17,6 +17,7 @@ import grace
 
 WORKER = os.path.join(ROOT, "tests", "workers", "torch_train.py")
 TOL = 1e-5
+STEPS_TRAINED = 10  # tests/workers/torch_train.py's steps per scenario
 
 
 def load(out, name, ranks=2):
@@ -88,6 +89,18 @@ def test_topk_through_broadcast_communicator(gloo_run):
 def test_randomk_allreduce_shared_indices(gloo_run):
     infos = check(gloo_run, "randomk", reference.simulate(reference.randomk_with_residual(0.05, 3)))
     assert infos[0]["stats"]["bytes_sent"] == 10 * (64 * 4 + 8 * 4)  # values only, no indices
+
+
+@pytest.mark.parametrize("name, model", [
+    ("twobit", lambda: reference.twobit_with_residual(1.0)),
+    ("twobit_absolute", lambda: reference.twobit_with_residual(0.05, relative=False))])
+def test_twobit_quantizes_to_plus_minus_threshold_with_error_feedback(gloo_run, name, model):
+    """Two-bit quantization (MXNet's 2bit) on W, its threshold relative to the root mean square or
+    absolute, each worker's error kept as its residual; b (8 elements) travels dense. Per step: W's
+    1280 codes in 320 bytes (and the relative threshold, 4 bytes), b's 32 bytes."""
+    infos = check(gloo_run, name, reference.simulate(model()))
+    sent = 320 + (4 if name == "twobit" else 0) + 8 * 4
+    assert infos[0]["stats"]["bytes_sent"] == STEPS_TRAINED * sent
 
 
 def test_grace_fp16(gloo_run):

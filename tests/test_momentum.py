@@ -183,3 +183,45 @@ def test_an_optimizer_without_momentum_is_taken_as_it_is():
     assert signum.take_momentum(plain) is None and signum.compressor.momentum == 0.9
     given = grace.dgc(momentum=0.5)
     assert given.take_momentum(plain) is None and given.memory.momentum == 0.5
+
+
+# --- keep_optimizer=True, and what is said where grace changes what the user set -----------------
+def test_keep_optimizer_leaves_dgcs_momentum_to_the_optimizer(run):
+    """DGC with keep_optimizer=True: no momentum of its own (error feedback on the gradient, masked
+    where sent), and SGD's momentum applied by the optimizer after the exchange, on W and b."""
+    out, log = run
+    check(out, "dgc_keep_optimizer", reference.simulate(
+        reference.with_velocity(reference.largest(0.05), 0.0, mask=True), momentum={"w": M, "b": M}))
+    assert "DGCMemory(momentum=0.0," in info(out, "dgc_keep_optimizer")["config"]
+    assert info(out, "dgc_keep_optimizer")["momentum"] == M
+
+
+def test_keep_optimizer_leaves_randomks_momentum_to_the_optimizer(run):
+    out, _ = run
+    check(out, "randomk_keep_optimizer", reference.simulate(reference.randomk_with_residual(0.05, 3),
+                                                            momentum={"w": M, "b": M}))
+
+
+def test_a_sign_methods_far_too_large_rate_is_said_once_on_rank_0(run):
+    out, log = run
+    lines = [line for line in log.splitlines() if "grace: signsgd steps each element by +-lr" in line]
+    assert len(lines) == 1 and lines[0].startswith("[0]")
+    assert "learning rate 0.1 is 1,000 times what it needs" in lines[0]
+    # signum: said for signum_adam's Adam at 0.01, not for signum_sgd's 1e-4, the rate it needs.
+    (line,) = [line for line in log.splitlines() if "grace: signum steps each element" in line]
+    assert "learning rate 0.01 is 100 times what it needs" in line
+
+
+def test_signum_says_it_keeps_its_beta_over_sgd_without_momentum(run):
+    out, log = run
+    lines = [line for line in log.splitlines() if "grace: signum applies its own momentum" in line]
+    assert len(lines) == 1 and lines[0].startswith("[0]")
+    assert "Signum(beta=0.9" in info(out, "signum_sgd")["config"]
+
+
+def test_the_heap_setting_is_said_once_on_rank_0(run):
+    """Every wrapper sets glibc's heap (grace.heap); the job says so once, whatever the count of
+    wrappers built (this worker builds over twenty)."""
+    _, log = run
+    lines = [line for line in log.splitlines() if "glibc's heap now keeps freed memory" in line]
+    assert len(lines) == 1 and lines[0].startswith("[0]") and "GRACE_KEEP_FREED_MEMORY=0" in lines[0]

@@ -62,3 +62,17 @@ def test_epochs_lengthen_every_run_and_a_bad_count_is_refused(monkeypatch, tmp_p
     with pytest.raises(SystemExit) as exit_:
         quality.main(["--epochs", "0", "--out", str(tmp_path)])
     assert exit_.value.code == 2 and "--epochs must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_from_json_keeps_the_run_finished_last_whatever_the_file_order():
+    """Issue 47: runs merge by their recorded date, not by the order of the files; a run recorded
+    before dates were is older than any dated one, and among undated ones the later file wins."""
+    old, new = run(ONEBIT, 0, 0.86), run(ONEBIT, 0, 0.87)
+    old["finished"], new["finished"] = "2026-11-26T10:00:00+00:00", "2026-11-27T10:00:00+00:00"
+    undated_a, undated_b = run(ONEBIT, 0, 0.85), run(ONEBIT, 0, 0.84)
+    assert quality.merge([[new], [old]]) == [new]
+    assert quality.merge([[old], [new]]) == [new]
+    assert quality.merge([[new], [undated_a]]) == [new]
+    assert quality.merge([[undated_a], [undated_b]]) == [undated_b]
+    other = run("fp32", 0, 0.88)
+    assert sorted(r["compression"] for r in quality.merge([[old, other], [new]])) == sorted([ONEBIT, "fp32"])

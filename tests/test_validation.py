@@ -106,7 +106,7 @@ def test_memory_parameters_belong_to_their_memory():
 @pytest.mark.parametrize("communicator", ["allreduce"])
 @pytest.mark.parametrize("name", ["topk", "threshold", "dgc", "qsgd", "terngrad", "onebit", "signsgd",
                                   "signum", "efsignsgd", "natural", "u8bit", "sketch", "adaq",
-                                  "inceptionn", "bf16"])
+                                  "inceptionn", "bf16", "twobit"])
 def test_payloads_that_cannot_be_summed_refuse_allreduce(name, communicator):
     with pytest.raises(ValueError, match=f"communicator='allreduce' cannot carry '{name}' payloads"):
         grace.build(name, communicator=communicator)

@@ -15,6 +15,8 @@ import keras
 import tensorflow as tf
 
 from frameworks import internals
+from frameworks.process_set import announce, say_once
+from frameworks.tensorflow.keras3 import variable_list
 from frameworks.tensorflow.momentum import take_keras_adam_moments, take_keras_momentum
 from frameworks.tensorflow.ops import TensorFlowOps
 from frameworks.tensorflow.reduce import make_reduce_grads
@@ -33,6 +35,12 @@ def _apply(self, grads, trainable_variables=None):
             "grace (Horovod's collectives) cannot run inside an XLA-compiled step: compile the model "
             "with jit_compile=False (jit_compile='auto' does this for you)")
     variables = self._trainable_variables if trainable_variables is None else list(trainable_variables)
+    if not getattr(self, "_grace_rate_checked", False):  # the rate as it is, traced or not
+        self._grace_rate_checked = True
+        with tf.init_scope():
+            rate = float(keras.ops.convert_to_numpy(self.learning_rate))
+        say_once(self._grace_pipeline.compressor.learning_rate_notice(
+            rate, float(getattr(self, "momentum", 0.0) or 0.0)), self._grace_process_set)
     steps = self.gradient_accumulation_steps
     if steps:
         grads = _accumulated(self, list(grads), variables, steps)
@@ -131,11 +139,13 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     adam = take_keras_adam_moments(optimizer.__class__, optimizer.get_config(), compression,
                                    process_set, averaged)
     config = take_keras_momentum(optimizer.__class__, optimizer.get_config(), compression, process_set)
+    announce(compression, process_set)  # the heap, and what else grace changes (said on rank 0)
     if name is not None:
         config["name"] = name
     wrapped = cls.from_config(config)
     wrapped._grace_reduce = reduce_grads
     wrapped._grace_pipeline = compression
+    wrapped._grace_process_set = process_set
     wrapped._grace_adam = adam
     return wrapped
 
@@ -158,18 +168,22 @@ def broadcast_variables(variables, root_rank: int = 0, process_set=hvd.global_pr
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """At the start of training, give every worker ``root_rank``'s model weights and optimizer state
     (Horovod's callback of the same name fails on Keras 3). The optimizer is built first if needed,
-    so that its state exists to be broadcast."""
+    so that its state exists to be broadcast. ``local_variables``: model variables left as each
+    worker has them (Horovod's option of the same name)."""
 
-    def __init__(self, root_rank: int = 0, process_set=hvd.global_process_set):
+    def __init__(self, root_rank: int = 0, process_set=hvd.global_process_set,
+                 local_variables=None):
         super().__init__()
         self.root_rank = root_rank
         self.process_set = process_set
+        self._local = {id(v) for v in variable_list(local_variables)}
 
     def on_train_begin(self, logs=None):
         optimizer = self.model.optimizer
         if optimizer is not None and not optimizer.built:
             optimizer.build(self.model.trainable_variables)
-        broadcast_variables(self.model.variables, self.root_rank, self.process_set, "grace.model")
+        model_variables = [v for v in self.model.variables if id(v) not in self._local]
+        broadcast_variables(model_variables, self.root_rank, self.process_set, "grace.model")
         if optimizer is not None:
             # Keras's own property: Horovod's Keras wrapper overrides it with a method that fails.
             variables = keras.optimizers.Optimizer.variables.fget(optimizer)

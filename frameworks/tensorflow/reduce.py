@@ -11,7 +11,7 @@ from frameworks.process_set import gather_objects
 from frameworks.tensorflow import layout
 from frameworks.tensorflow.collectives import HorovodCollectives
 from frameworks.tensorflow.ops import TensorFlowOps
-from grace import agreement, heap
+from grace import agreement
 from grace.pipeline import Pipeline
 from grace.sparse import Rows
 
@@ -65,7 +65,6 @@ def make_reduce_grads(pipeline: Pipeline, op=hvd.Average, gradient_predivide_fac
     """``reduce(grads, vars=None, use_generic_names=False) -> grads``: Horovod's signature for the
     function its wrappers call to combine gradients; ``None`` gradients stay ``None``."""
     check_options(op, gradient_predivide_factor)
-    heap.keep_freed_memory()  # each step's buffers reuse the last step's pages (grace/heap.py)
     collectives = HorovodCollectives(process_set)
     _check_agreement(pipeline, collectives, op=op, gradient_predivide_factor=gradient_predivide_factor,
                      sparse_as_dense=sparse_as_dense)

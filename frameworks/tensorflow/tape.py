@@ -9,6 +9,8 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 
 from frameworks import internals
+from frameworks.process_set import announce
+from frameworks.tensorflow import keras3
 from frameworks.tensorflow.momentum import take_legacy_momentum
 from frameworks.tensorflow.reduce import make_reduce_grads
 from grace.pipeline import Pipeline
@@ -20,24 +22,32 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
                             scale_local_gradients=True):
     """``hvd.DistributedGradientTape`` whose ``gradient()`` combines gradients through the grace
     pipeline ``compression`` (default ``grace.none()``); a Horovod compressor goes to Horovod's own.
+    Either way its sources may be Keras 3 variables (``model.trainable_variables``: see
+    ``frameworks.tensorflow.keras3``).
 
-    Works eagerly and inside ``tf.function`` (traced once: per-tensor state lives in variables)."""
+    Works eagerly and inside ``tf.function`` (traced once: per-tensor state lives in variables),
+    with the compression built outside the step or inside it, as Horovod's examples build it."""
     if compression is None:
         import grace
 
         compression = grace.none()
     original = internals.original("horovod.tensorflow", "DistributedGradientTape")
     if not isinstance(compression, Pipeline):
-        return original(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+        tape = original(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
                         gradient_predivide_factor, num_groups, groups, process_set,
                         scale_local_gradients)
+        return keras3.mend_tape(tape) if keras3.mends_horovod() else tape
+    compression = keras3.shared_while_tracing(compression, process_set)
+    # The heap, what else grace changes, and the momentum a compressor applies itself: the tape
+    # sees no optimizer to take it from (said once on rank 0).
+    announce(compression, process_set, optimizer_seen=False)
     reduce_grads = make_reduce_grads(compression, op, gradient_predivide_factor, sparse_as_dense,
                                      process_set)
     tape = original(gradtape, device_dense, device_sparse, hvd.Compression.none, sparse_as_dense,
                     hvd.Average, 1.0, num_groups, groups, process_set, scale_local_gradients)
     internals.combine_gradients_with(tape, reduce_grads)
     tape._grace_pipeline = compression
-    return tape
+    return keras3.mend_tape(tape)
 
 
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
@@ -66,6 +76,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                                backward_passes_per_step, average_aggregated_gradients, num_groups,
                                groups, process_set, scale_local_gradients)
     take_legacy_momentum(optimizer, compression, process_set)
+    announce(compression, process_set)
     reduce_grads = make_reduce_grads(compression, op, gradient_predivide_factor, sparse_as_dense,
                                      process_set)
     wrapped = original(optimizer, *args, hvd.Compression.none, sparse_as_dense,

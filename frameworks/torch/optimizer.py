@@ -17,10 +17,10 @@ import horovod.torch as hvd
 import torch
 
 from frameworks import internals
-from frameworks.process_set import gather_objects, log_once
+from frameworks.process_set import announce, gather_objects, log_once, say_once
 from frameworks.torch.collectives import HorovodCollectives
 from frameworks.torch.ops import TorchOps
-from grace import agreement, heap
+from grace import agreement
 from grace.momentum import OptimizerMomentum
 from grace.pipeline import Pipeline
 from grace.sparse import Rows
@@ -37,7 +37,6 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
                  process_set=hvd.global_process_set):
         super(self.__class__, self).__init__(params)
         self._pipeline = compression
-        heap.keep_freed_memory()  # each step's buffers reuse the last step's pages (grace/heap.py)
         self._collectives = HorovodCollectives(process_set)
         self._parameter_names = _parameter_names(self.param_groups, named_parameters)
         self.backward_passes_per_step = backward_passes_per_step
@@ -58,6 +57,7 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         self._group_of: dict = {}  # parameter -> its param group, as the groups are this step
         self._updates_given: dict = {}  # parameter -> its update and version, as synchronize() left them
         self._warned_updates_changed = False
+        self._rate_checked = False
         self._buckets: list[tuple] = []
         self._bucket_of: dict = {}
         self._bucket_ready: list[int] = []
@@ -282,6 +282,12 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
                     "optimizer.synchronize() in your code.")
             self.synchronize()
         self._synchronized = False
+        if not self._rate_checked:  # the first step's rate, against what the compressor needs
+            self._rate_checked = True
+            momentum = 0.0 if self._momentum_taken else max(
+                (float(g.get("momentum", 0.0)) for g in self.param_groups), default=0.0)
+            say_once(self._pipeline.compressor.learning_rate_notice(
+                max(float(g["lr"]) for g in self.param_groups), momentum), self.process_set)
         if not self._steps_itself:
             return super(self.__class__, self).step(closure)
         # Adam's moments taken over: the compression gave these parameters their update; the
@@ -545,4 +551,5 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     # After the agreement check (which the constructor makes): the workers' optimizers may differ
     # in momentum until hvd.broadcast_optimizer_state gives them rank 0's, as in Horovod.
     wrapped._momentum_taken = _take_momentum(wrapped, compression, process_set)
+    announce(compression, process_set)  # the heap, and what else grace changes (said on rank 0)
     return wrapped

@@ -308,5 +308,14 @@ class Auto(Communicator):
     def finish(self, started, group, ops):
         return self.resolve(group.size).finish(started, group, ops)
 
+    def notice(self, size: int, compressor: str) -> str | None:
+        if self.resolve(size) is not self._through_owners:
+            return None
+        return (f"grace: communicator='auto' sends {compressor}'s payloads through the shards' "
+                f"owners at {size} workers (from {self.alltoall_from} on), which encode each "
+                f"shard's sum a second time: the bytes per worker stay flat, at the cost of that "
+                f"second lossy encoding (docs/user-guide.md, 'Large jobs'); "
+                f"communicator='allgather' keeps gathering")
+
     def __repr__(self):
         return f"Auto(alltoall_from={self.alltoall_from})"

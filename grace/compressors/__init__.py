@@ -14,9 +14,10 @@ from grace.compressors.sketch import Sketch
 from grace.compressors.terngrad import TernGrad
 from grace.compressors.threshold import Threshold
 from grace.compressors.topk import TopK
+from grace.compressors.twobit import TwoBit
 from grace.compressors.u8bit import U8bit
 
 CATALOGUE = (NoneCompressor, FP16, BF16, TopK, RandomK, Threshold, DGC, QSGD, TernGrad, OneBit,
-             SignSGD, Signum, EFSignSGD, Natural, PowerSGD, U8bit, Sketch, AdaQ, Inceptionn)
+             SignSGD, Signum, EFSignSGD, Natural, PowerSGD, U8bit, Sketch, AdaQ, Inceptionn, TwoBit)
 
 __all__ = [cls.__name__ for cls in CATALOGUE] + ["CATALOGUE"]

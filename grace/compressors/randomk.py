@@ -58,6 +58,15 @@ class RandomK(Seeded, Sparse, Compressor):
         return {"ratio": self.ratio, "seed": self.seed, "scale": self.scale,
                 "min_kept": self.min_kept, "take_adam_moments": self.take_adam_moments}
 
+    def notice(self) -> str | None:
+        if self.min_kept <= 1:
+            return None
+        return (f"grace: randomk keeps at least min_kept={self.min_kept} entries of every tensor it "
+                f"compresses (all of a smaller one), so tensors under min_kept/ratio = "
+                f"{self.min_kept / self.ratio:,.0f} elements send more than ratio={self.ratio} of "
+                f"theirs: the wait between an element's sends costs small tensors most "
+                f"(docs/quality.md, 'With Adam'); min_kept=1 keeps the ratio on every tensor")
+
     def k(self, numel: int) -> int:
         return kept(self.ratio, numel, self.min_kept)
 

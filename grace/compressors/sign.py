@@ -4,7 +4,6 @@ element, packed eight to a byte, plus at most two scalars."""
 from __future__ import annotations
 
 import math
-import warnings
 
 from grace import steps
 from grace.buckets import DEFAULT_BUCKET_SIZE, Buckets
@@ -36,21 +35,9 @@ def learning_rate(momentum_in_optimizer: float = 0.0) -> float:
     return LEARNING_RATE * (1.0 - momentum_in_optimizer)
 
 
-_WARNED: set = set()
-
-
-def _warn_learning_rate(name: str) -> None:
-    """Once per process: the learning rate a sign method needs."""
-    if name in _WARNED:
-        return
-    _WARNED.add(name)
-    warnings.warn(
-        f"grace.{name}: each element's update is +-lr whatever the gradient's size, so SGD's usual "
-        f"learning rates (0.01-0.1) diverge; use an Adam-sized one: about {LEARNING_RATE:g} with Adam"
-        + (" or SGD (grace takes SGD's momentum over)" if name == "signum" else
-           f", {learning_rate(0.9):g} with SGD's momentum 0.9 (it applies to the votes)")
-        + "; and no gradient clipping after synchronize(), which would shrink the votes by the "
-          "square root of their count (see docs/catalogue.md)", UserWarning, stacklevel=_outside_grace())
+RATE_FAR_ABOVE = 2.0
+"""How many times the rate that works (``learning_rate``) a sign compressor's optimizer may step
+by before the wrapper says so: 3e-4 already leaves signSGD 3-4 points short (``LEARNING_RATE``)."""
 
 
 OWNER_BITS = 2
@@ -62,19 +49,6 @@ on mnist at 4 workers (6 real seeds; 0.51 over the last 3 epochs), two passes 0.
 owner sending the sum exactly matched it. The second stage doubles: a worker moves ``3 (n-1)/n``
 of one payload where one pass moved ``2 (n-1)/n``, still flat in n (docs/results.md, "1-bit's
 owners in two passes")."""
-
-
-def _outside_grace() -> int:
-    """The ``stacklevel`` of the first caller outside the grace package (the user's line), whether
-    the compressor was built by ``grace.signum()``, ``grace.build()`` or ``from_params``."""
-    import os
-    import sys
-
-    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def _bits_nbytes(shape):
@@ -93,8 +67,20 @@ class SignSGD(Compressor):
     name = "signsgd"
     default_communicator = "allgather"
 
-    def __init__(self):
-        _warn_learning_rate(self.name)
+    def learning_rate_notice(self, lr: float | None, optimizer_momentum: float = 0.0) -> str | None:
+        """Where ``lr`` (``None``: not known, as under ``DistributedGradientTape``) is more than
+        ``RATE_FAR_ABOVE`` times the rate a sign method needs (``learning_rate``; signSGD's is
+        divided down by a momentum the optimizer still applies to the votes), the sentence the
+        wrapper logs once on rank 0 with the rate that works."""
+        works = learning_rate(optimizer_momentum if self.name == "signsgd" else 0.0)
+        if lr is not None and lr <= RATE_FAR_ABOVE * works:
+            return None
+        found = ("" if lr is None else
+                 f"the optimizer's learning rate {lr:g} is {lr / works:,.0f} times what it needs; ")
+        return (f"grace: {self.name} steps each element by +-lr whatever the gradient's size: "
+                f"{found}use about {works:g} (docs/catalogue.md; SGD's usual 0.01-0.1 diverges), "
+                f"and no gradient clipping after synchronize(), which would shrink the votes by the "
+                f"square root of their count")
 
     def encode(self, flat, name, ctx, ops):
         return [steps.sign_bits(ops, flat)]
@@ -156,7 +142,6 @@ class Signum(OwnsMomentum, SignSGD):
     def __init__(self, beta: float | None = None, nesterov: bool = False):
         self._init_momentum(beta, nesterov)
         self.momentum_buffers: dict = {}
-        _warn_learning_rate(self.name)
 
     @property
     def beta(self) -> float:

@@ -63,9 +63,17 @@ class DelayedResidualMemory(OwnsMomentum, ResidualMemory):
         self.turned_off = found.momentum  # self.momentum stays 0
 
     def takeover_line(self, found: OptimizerMomentum, compressor: str) -> str:
-        return (f"grace: {compressor} turns {found.source} ({found.momentum}) off: its error "
-                f"feedback delays each element about 1/ratio steps, and momentum on those delayed "
-                f"updates diverges (docs/quality.md); the learning rate is unchanged")
+        return (f"grace: {compressor} turns {found.source} ({found.momentum}) off on the tensors "
+                f"it compresses: its error feedback delays each element about 1/ratio steps, and "
+                f"momentum on those delayed updates diverges (docs/quality.md); the tensors sent "
+                f"dense (under min_numel) keep it, applied before the exchange; the learning rate "
+                f"is unchanged")
+
+    def unseen_optimizer_line(self, compressor: str) -> str | None:
+        return (f"grace: {compressor}'s error feedback delays each element about 1/ratio steps, "
+                f"and an optimizer's momentum on those delayed updates diverges "
+                f"(docs/quality.md): DistributedGradientTape sees no optimizer to turn it off, so "
+                f"give the optimizer no momentum")
 
     def __repr__(self):
         return f"DelayedResidualMemory(turned_off={self.turned_off!r})"

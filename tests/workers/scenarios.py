@@ -18,6 +18,7 @@ STATEFUL = {
     "qsgd": {},
     "efsignsgd": {},
     "onebit": {},
+    "twobit": {},  # its residual (on the velocity, where the optimizer has momentum)
     "adaq": {"ratio": 0.05},
     "threshold": {"threshold": 0.2},  # about 12% pass: the encoded form, not the dense one
 }

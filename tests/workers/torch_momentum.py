@@ -49,6 +49,16 @@ SCENARIOS = {
     "dgc_broadcast": (lambda: grace.dgc(0.05, sample_ratio=1.0),
                       lambda p: torch.optim.SGD(p, LR, MOMENTUM if rank == 0 else 0.5)),
     "conflict": (lambda: grace.dgc(0.05, momentum=0.5), lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
+    # keep_optimizer=True: the optimizer's momentum stays the optimizer's, on every tensor.
+    "dgc_keep_optimizer": (lambda: grace.dgc(0.05, sample_ratio=1.0, keep_optimizer=True),
+                           lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
+    "randomk_keep_optimizer": (lambda: grace.randomk(0.05, seed=3, min_kept=1, keep_optimizer=True),
+                               lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
+    # What is said at construction or at the first step: a sign method's rate far above what it
+    # needs (signSGD at SGD's 0.1), and signum's own beta kept over an SGD without momentum (at
+    # the rate it needs, about which nothing is said).
+    "signsgd_sgd": (lambda: grace.signsgd(), lambda p: torch.optim.SGD(p, LR)),
+    "signum_sgd": (lambda: grace.signum(), lambda p: torch.optim.SGD(p, 1e-4)),
     "groups_differ": (lambda: grace.dgc(0.05),
                       lambda p: torch.optim.SGD([{"params": [p[0]], "momentum": 0.9},
                                                  {"params": [p[1]], "momentum": 0.5}], LR)),

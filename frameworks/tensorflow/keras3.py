@@ -1,0 +1,241 @@
+"""Horovod 0.28.1's TensorFlow 2 entry points on Keras 3 variables, as TF2 users write their loops.
+
+Horovod's own TF2 examples tape a Keras model (``hvd.DistributedGradientTape`` over
+``model.trainable_variables``, inside ``tf.function``) and broadcast its variables with
+``hvd.broadcast_variables``. Horovod 0.28.1 was written for ``tf.keras`` 2, whose variables were
+``tf.Variable``s; Keras 3's are not, and three things break:
+
+- the tape keys its sources by ``source.ref()``, which Keras 3 variables lack (``AttributeError``),
+  whatever the compression;
+- ``hvd.broadcast_variables`` called eagerly hands the variables to a ``tf.function``, which takes a
+  Keras 3 variable for a tensor and cannot assign to it;
+- ``horovod.tensorflow.keras.callbacks.BroadcastGlobalVariablesCallback`` calls ``ref()`` too, and
+  ``optimizer.variables()``, a list on Keras 3; its ``MetricAverageCallback``,
+  ``LearningRateScheduleCallback`` and ``LearningRateWarmupCallback`` call ``keras.backend``
+  functions that Keras 3 removed and read ``optimizer.lr``, which Keras 3 calls ``learning_rate``.
+
+``import grace`` mends them for every compression, Horovod's own included
+(``frameworks/internals.py`` routes the functions here and wraps the callbacks' ``__init__``): a
+Keras 3 variable is keyed and broadcast through the ``tf.Variable`` that holds its value, and the
+callbacks stay Horovod's classes, reading and writing through Keras 3's API. A ``tf.Variable``
+takes Horovod's own code path, unchanged; Horovod's reduction and compression are never touched.
+One thing cannot be mended:
+Keras 3 bakes SGD's momentum into the traced step, so the learning-rate callbacks' momentum
+correction (Goyal et al. 2017) is not applied, and rank 0 says so once.
+``GRACE_MEND_HOROVOD=0`` leaves Horovod as it is (docs/tensorflow.md, "TF2 loops over a Keras 3 model").
+
+Horovod's examples also build the compression inside the traced step, so every trace builds a new
+object; a grace pipeline keeps state (residuals, counters) in variables, which a later trace may not
+create. So a pipeline built while TensorFlow traces a function is the one pipeline of its settings for
+every trace: ``shared_while_tracing`` hands back the first one built with the same settings.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import keras
+import tensorflow as tf
+
+from frameworks import internals
+from frameworks.process_set import say_once
+
+MEND_ENV = "GRACE_MEND_HOROVOD"
+
+
+def mends_horovod() -> bool:
+    """Whether ``import grace`` mends Horovod's TF2 entry points on Keras 3 (``GRACE_MEND_HOROVOD``,
+    on unless ``0``)."""
+    return os.environ.get(MEND_ENV, "1") != "0"
+
+
+def held_variable(variable: Any) -> Any:
+    """The ``tf.Variable`` that holds a Keras 3 variable's value; anything else as it is."""
+    if hasattr(variable, "ref") or not hasattr(variable, "path"):
+        return variable
+    value = variable.value  # outside an autocast scope: the tf.Variable itself, not a cast of it
+    return value if isinstance(value, tf.Variable) else variable
+
+
+def source_key(source: Any) -> Any:
+    """The key Horovod's tape gives a source (``ref()``), for a Keras 3 variable too."""
+    return held_variable(source).ref()
+
+
+def mend_tape(tape: Any) -> Any:
+    """Horovod's ``_DistributedGradientTape`` ``tape`` (any compression) made to accept Keras 3
+    variables as sources: ``gradient`` and ``register_local_source`` key them by ``source_key``,
+    with Horovod's semantics (local sources not reduced, and divided by the workers' count when
+    ``scale_local_gradients``). Sources that all have ``ref()`` go to Horovod's own ``gradient``."""
+    horovods_gradient = tape.gradient
+    local, process_set, size_of = internals.tf_tape_internals(tape)
+
+    @tf.autograph.experimental.do_not_convert  # as Horovod's own, inside tf.function: plain Python
+    def gradient(target, sources, output_gradients=None, use_generic_names=False):
+        flat = tf.nest.flatten(sources)
+        if all(hasattr(s, "ref") for s in flat):
+            return horovods_gradient(target, sources, output_gradients, use_generic_names)
+        say_once("grace: Horovod's DistributedGradientTape keys its sources by ref(), which Keras 3 "
+                 "variables lack; grace keys each by the tf.Variable that holds its value and leaves "
+                 f"Horovod's reduction as it is ({MEND_ENV}=0 opts out)", process_set)
+        grads = list(tf.GradientTape.gradient(tape, target, flat, output_gradients))
+        keys = [source_key(s) for s in flat]
+        reduced = [i for i, key in enumerate(keys) if key not in local]
+        combined = tape._allreduce_grads([grads[i] for i in reduced], [flat[i] for i in reduced],
+                                         use_generic_names)
+        for i, grad in zip(reduced, combined):
+            grads[i] = grad
+        if tape.scale_local_gradients and local:
+            workers = size_of()
+            for i, key in enumerate(keys):
+                if key in local and grads[i] is not None:
+                    grads[i] = _divided(grads[i], workers)
+        return tf.nest.pack_sequence_as(sources, grads)
+
+    def register_local_source(source):
+        local.add(source_key(source))
+
+    tape.gradient = gradient
+    tape.register_local_source = register_local_source
+    return tape
+
+
+def _divided(grad: Any, workers: Any) -> Any:
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / workers, grad.indices, grad.dense_shape)
+    return grad / workers
+
+
+def broadcast_variables(variables: Sequence, root_rank: int, process_set=None, inplace: bool = False):
+    """``hvd.broadcast_variables`` for Keras 3 variables too: each goes as the ``tf.Variable`` that
+    holds its value, through Horovod's own broadcast (eagerly or inside ``tf.function``)."""
+    import horovod.tensorflow as hvd
+
+    original = internals.original("horovod.tensorflow", "broadcast_variables")
+    process_set = hvd.global_process_set if process_set is None else process_set
+    if mends_horovod():
+        variables = [held_variable(v) for v in variables]
+    return original(variables, root_rank, process_set=process_set, inplace=inplace)
+
+
+class _Keras3Backend:
+    """The ``keras.backend`` functions Horovod's Keras callbacks call eagerly, on Keras 3."""
+
+    @staticmethod
+    def constant(value: Any, name: str | None = None) -> Any:
+        return tf.constant(value, name=name)
+
+    @staticmethod
+    def get_value(value: Any) -> Any:
+        return keras.ops.convert_to_numpy(value)
+
+
+def _rate(optimizer: Any) -> float:
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+
+
+def variable_list(variables: Any) -> list:
+    """``None``, one variable or several, as a list (Horovod's ``local_variables`` takes each)."""
+    if variables is None:
+        return []
+    return list(variables) if isinstance(variables, (list, tuple, set)) else [variables]
+
+
+def mend_broadcast_callback(callback: Any, init: Any, root_rank: int, device: str = "",
+                            local_variables: Any = None) -> None:
+    """``hvd.callbacks.BroadcastGlobalVariablesCallback`` on Keras 3: Horovod's, broadcasting the
+    model's variables (less ``local_variables``) and the optimizer's after the first batch, as
+    Horovod does, through ``broadcast_variables`` above and Keras 3's ``optimizer.variables``."""
+    if not mends_horovod():
+        return init(callback, root_rank, device, local_variables)
+    init(callback, root_rank, device)  # Horovod's refuses Keras 3 variables as local ones
+    local = internals.horovod_attribute(callback, "_local_vars")
+    local.update(source_key(v) for v in variable_list(local_variables))
+
+    def on_batch_end(batch: int, logs: dict | None = None) -> None:
+        if callback.broadcast_done:
+            return
+        model = callback.model
+        broadcast_variables([v for v in model.variables if source_key(v) not in local], root_rank)
+        if model.optimizer is not None:
+            # Keras's own property: Horovod's Keras optimizer overrides it with a failing method.
+            broadcast_variables(keras.optimizers.Optimizer.variables.fget(model.optimizer),
+                                root_rank)
+        callback.broadcast_done = True
+
+    callback.register_local_var = lambda variable: local.add(source_key(variable))
+    callback.on_batch_end = on_batch_end
+
+
+def mend_metric_average(callback: Any, init: Any, *args: Any, **kwargs: Any) -> None:
+    """``hvd.callbacks.MetricAverageCallback`` on Keras 3: Horovod's, averaging every metric over
+    the workers at each epoch's end, with ``tf.constant`` for ``keras.backend.constant``."""
+    init(callback, *args, **kwargs)
+    if mends_horovod():
+        callback.backend = _Keras3Backend()
+
+
+def mend_schedule(callback: Any, init: Any, *args: Any, **kwargs: Any) -> None:
+    """``hvd.callbacks.LearningRateScheduleCallback`` on Keras 3 (``_mend_schedule``)."""
+    init(callback, *args, **kwargs)
+    _mend_schedule(callback)
+
+
+def mend_warmup(callback: Any, init: Any, *args: Any, **kwargs: Any) -> None:
+    """``hvd.callbacks.LearningRateWarmupCallback`` on Keras 3 (``_mend_schedule``): the rate goes
+    from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs`` (Goyal et al. 2017)."""
+    init(callback, *args, **kwargs)
+    _mend_schedule(callback, warmup=True)
+
+
+def _mend_schedule(callback: Any, warmup: bool = False) -> None:
+    """Horovod's learning-rate callback ``callback``, its schedule unchanged, reading and setting
+    the rate as Keras 3's ``optimizer.learning_rate``. Keras 3 compiles SGD's momentum into the
+    traced step as a constant, so Horovod's momentum correction cannot be applied: said once."""
+    if not mends_horovod():
+        return
+    import horovod.tensorflow as hvd
+
+    def adjust(epoch: float) -> None:
+        optimizer = callback.model.optimizer
+        optimizer.learning_rate = callback.initial_lr * callback.multiplier(epoch)
+        if callback.momentum_correction and getattr(optimizer, "momentum", 0.0):
+            say_once(f"grace: {type(callback).__name__}'s momentum "
+                      "correction is not applied on Keras 3, which compiles the optimizer's "
+                      "momentum into the traced step; the learning rate follows the schedule "
+                      "(momentum_correction=False silences this)", hvd.global_process_set)
+
+    def on_epoch_end(epoch: int, logs: dict | None = None) -> None:
+        rate = _rate(callback.model.optimizer)
+        if logs is not None:
+            logs["lr"] = rate
+        if (warmup and epoch == callback.end_epoch - 1 and callback.verbose > 0
+                and hvd.rank() == 0):
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {rate:g}.")
+
+    callback.backend = _Keras3Backend()
+    callback._adjust_learning_rate = adjust
+    callback._restore_momentum_if_needed = lambda: None
+    callback.on_epoch_end = on_epoch_end
+
+
+_SHARED: dict = {}
+
+
+def shared_while_tracing(pipeline: Any, process_set: Any) -> Any:
+    """``pipeline``, or, when it was built while TensorFlow traced a function (as Horovod's examples
+    build their compression inside the step), the first pipeline built by the same line of the
+    user's code with the same settings for the same process set: its state lives in variables,
+    which only the first trace may create. Another function's line builds its own."""
+    site = getattr(pipeline, "built_while_tracing", None)
+    if site is None:
+        return pipeline
+    key = (site, repr(pipeline), getattr(process_set, "process_set_id", None))
+    shared = _SHARED.setdefault(key, pipeline)
+    if shared is not pipeline:
+        say_once("grace: the compression built inside a traced function is built again at each "
+                 "trace; every trace uses the first one (its state lives in variables, which only "
+                 "the first trace may create). Build it once outside the function to read its "
+                 "stats()", process_set, key=key)
+    return shared

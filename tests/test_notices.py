@@ -1,0 +1,153 @@
+"""What grace changes of what the user set, said (``Pipeline.notices``, the momentum takeovers, the
+sign methods' learning rate), and the one switch that changes nothing (``keep_optimizer``): the
+pipeline's side, in-process. The wrappers' side (one line, on rank 0 only) runs on real workers in
+tests/test_momentum.py and tests/test_horovod_tensorflow.py."""
+
+from __future__ import annotations
+
+import pytest
+
+import grace
+from grace.compressors.sign import LEARNING_RATE
+from grace.momentum import OptimizerMomentum
+
+SGD_09 = OptimizerMomentum(0.9, source="torch.optim.SGD's momentum")
+SGD_0 = OptimizerMomentum(0.0, source="torch.optim.SGD's momentum")
+MOMENTUM_OWNERS = ("dgc", "signum", "onebit", "twobit", "efsignsgd", "adaq", "randomk")
+
+
+def test_randomk_says_its_floor_overrides_the_ratio_on_small_tensors():
+    (line,) = grace.randomk(0.01).notices(2)
+    assert "min_kept=1024" in line and "102,400 elements" in line and "min_kept=1" in line
+    assert grace.randomk(0.01, min_kept=1).notices(2) == []
+
+
+@pytest.mark.parametrize("name", ["topk", "qsgd", "onebit", "signsgd"])
+def test_auto_says_when_it_goes_through_the_owners(name):
+    """From ALLTOALL_FROM (5) workers, where the owners keep what they round away; not below, and
+    not when the user named the communicator."""
+    pipeline = grace.build(name)
+    goes = pipeline.communicator.resolve(5) is not pipeline.communicator.resolve(4)
+    lines = [line for line in pipeline.notices(5) if "communicator='auto'" in line]
+    assert len(lines) == int(goes)
+    assert goes == (name != "qsgd")  # QSGD has no memory: gathered at any size
+    assert not [line for line in pipeline.notices(4) if "communicator='auto'" in line]
+    assert not [line for line in grace.build(name, communicator="allgather").notices(64)
+                if "communicator" in line]
+
+
+def test_nothing_to_say_for_a_compressor_that_changes_nothing():
+    for name in ("none", "fp16", "topk", "qsgd", "powersgd"):
+        assert grace.build(name).notices(2) == []
+        assert grace.build(name).notices(2, optimizer_seen=False) == []
+
+
+@pytest.mark.parametrize("name", MOMENTUM_OWNERS)
+def test_under_the_tape_every_momentum_owner_says_what_it_applies_or_needs(name):
+    """DistributedGradientTape sees no optimizer: DGC and signum apply their default momentum
+    themselves (an optimizer's would apply twice), 1-bit, EF-signSGD and AdaQ need it given, and
+    random-k needs the optimizer to have none. Said once; nothing where the user gave it."""
+    lines = [line for line in grace.build(name).notices(2, optimizer_seen=False)
+             if "DistributedGradientTape" in line]
+    assert len(lines) == 1
+    if name in ("dgc", "signum"):
+        assert "applies its own momentum" in lines[0] and "0.9" in lines[0]
+    elif name == "randomk":
+        assert "give the optimizer no momentum" in lines[0]
+    else:
+        assert f"pass {name}(momentum=0.9)" in lines[0]
+    # Where the wrapper sees an optimizer it takes the momentum over (its own line), or none.
+    assert not [line for line in grace.build(name).notices(2) if "momentum" in line]
+
+
+def test_an_explicit_momentum_is_not_announced_under_the_tape():
+    assert not [line for line in grace.dgc(momentum=0.5).notices(2, optimizer_seen=False)
+                if "momentum" in line]
+    assert not [line for line in grace.signum(beta=0.8).notices(2, optimizer_seen=False)
+                if "momentum" in line]
+
+
+def test_signum_says_it_keeps_its_beta_over_an_optimizer_without_momentum():
+    pipeline = grace.signum()
+    assert pipeline.take_momentum(SGD_0) is None  # nothing taken
+    (line,) = pipeline.notices(2)
+    assert "beta 0.9" in line and "torch.optim.SGD's momentum is 0" in line
+    assert pipeline.compressor.beta == 0.9
+    taking = grace.signum()
+    assert "applies torch.optim.SGD's momentum (0.9)" in taking.take_momentum(SGD_09)
+    assert taking.notices(2) == []
+
+
+def test_randomk_says_it_turns_momentum_off_on_the_tensors_it_compresses_only():
+    line = grace.randomk(0.01).take_momentum(SGD_09)
+    assert "off on the tensors it compresses" in line and "keep it" in line
+
+
+@pytest.mark.parametrize("name", MOMENTUM_OWNERS)
+def test_keep_optimizer_takes_nothing_over_and_adds_no_momentum(name):
+    pipeline = grace.build(name, keep_optimizer=True)
+    assert pipeline.take_momentum(SGD_09) is None
+    assert pipeline.take_momentum(OptimizerMomentum(0.9, dampening=0.9), adam=True) is None
+    assert pipeline.take_adam_moments(0.999, 1e-8) is None and not pipeline.adam_moments_taken
+    owner = pipeline.memory if hasattr(pipeline.memory, "momentum_given") else pipeline.compressor
+    assert owner.momentum == 0.0
+    assert "keep_optimizer=True" in repr(pipeline)
+    assert not [line for line in pipeline.notices(2, optimizer_seen=False) if "momentum" in line]
+
+
+@pytest.mark.parametrize("name", ["dgc", "signum"])
+def test_without_keep_optimizer_dgc_and_signum_take_the_momentum_over(name):
+    """The control of the test above, where the default is not 0 already."""
+    pipeline = grace.build(name)
+    owner = pipeline.memory if hasattr(pipeline.memory, "momentum_given") else pipeline.compressor
+    assert owner.momentum == 0.9
+    assert pipeline.take_momentum(OptimizerMomentum(0.5)) is not None and owner.momentum == 0.5
+
+
+def test_keep_optimizer_leaves_randomk_applying_the_optimizers_momentum():
+    pipeline = grace.randomk(0.01, keep_optimizer=True)
+    pipeline.take_momentum(SGD_09)
+    assert pipeline.memory.turned_off == 0.0  # nothing turned off
+    taking = grace.randomk(0.01)
+    taking.take_momentum(SGD_09)
+    assert taking.memory.turned_off == 0.9
+
+
+def test_keep_optimizer_keeps_a_momentum_given_to_the_compression():
+    pipeline = grace.dgc(momentum=0.5, keep_optimizer=True)
+    assert pipeline.memory.momentum == 0.5
+    assert pipeline.take_momentum(SGD_09) is None  # not taken, and no conflict raised
+
+
+def test_without_keep_optimizer_randomk_takes_adams_moments_over():
+    """The control of the test above: the same call does take them over by default."""
+    assert grace.randomk(0.01).take_adam_moments(0.999, 1e-8) is not None
+
+
+def test_keep_optimizer_is_validated_and_travels_in_params():
+    with pytest.raises(ValueError, match="keep_optimizer"):
+        grace.topk(0.01, keep_optimizer="yes")
+    assert grace.from_params({"compressor": "dgc", "keep_optimizer": True}).keep_optimizer
+
+
+@pytest.mark.parametrize("name", ["signsgd", "signum"])
+def test_a_sign_method_says_when_the_learning_rate_is_far_above_what_it_needs(name):
+    compressor = grace.build(name).compressor
+    line = compressor.learning_rate_notice(0.1)
+    assert "0.1 is 1,000 times what it needs" in line and f"use about {LEARNING_RATE:g}" in line
+    assert compressor.learning_rate_notice(LEARNING_RATE) is None
+    assert compressor.learning_rate_notice(2 * LEARNING_RATE) is None  # within RATE_FAR_ABOVE
+    assert compressor.learning_rate_notice(3 * LEARNING_RATE) is not None
+    assert f"use about {LEARNING_RATE:g}" in compressor.learning_rate_notice(None)
+
+
+def test_signsgd_needs_a_smaller_rate_under_the_optimizers_momentum_signum_does_not():
+    """signSGD's votes pass through SGD's momentum (steady state lr / (1 - m)); signum takes it."""
+    assert "use about 1e-05" in grace.signsgd().compressor.learning_rate_notice(1e-4, 0.9)
+    assert grace.signum().compressor.learning_rate_notice(1e-4, 0.9) is None
+
+
+def test_other_compressors_do_not_judge_the_learning_rate():
+    for name in grace.available():
+        if name not in ("signsgd", "signum"):
+            assert grace.build(name).compressor.learning_rate_notice(10.0) is None
