@@ -49,7 +49,7 @@ def test_from_params_builds_the_same_pipeline():
 
 @pytest.mark.parametrize("params, message", [
     ({"compressor": "topk", "ratoi": 0.1}, r"unknown parameter 'ratoi'.*accepted: .*ratio"),
-    ({"ratio": 0.1}, r"needs a 'compressor' key; one of: adaq, bf16, dgc, .*, topk, u8bit"),
+    ({"ratio": 0.1}, r"needs a 'compressor' key; one of: adaq, bf16, dgc, .*, topk, twobit, u8bit"),
     ({"compressor": "topk", "ratio": 2}, r"ratio must be in \(0, 1\]"),
     ({"compressor": "randomk", "seed": -1}, r"seed must be an int >= 0"),
     ({"compressor": "topk", "min_numel": -5}, r"min_numel must be an int >= 0"),

@@ -38,11 +38,11 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
                         scale_local_gradients)
         return keras3.mend_tape(tape) if keras3.mends_horovod() else tape
     compression = keras3.shared_while_tracing(compression, process_set)
+    reduce_grads = make_reduce_grads(compression, op, gradient_predivide_factor, sparse_as_dense,
+                                     process_set)  # validates the options first
     # The heap, what else grace changes, and the momentum a compressor applies itself: the tape
     # sees no optimizer to take it from (said once on rank 0).
     announce(compression, process_set, optimizer_seen=False)
-    reduce_grads = make_reduce_grads(compression, op, gradient_predivide_factor, sparse_as_dense,
-                                     process_set)
     tape = original(gradtape, device_dense, device_sparse, hvd.Compression.none, sparse_as_dense,
                     hvd.Average, 1.0, num_groups, groups, process_set, scale_local_gradients)
     internals.combine_gradients_with(tape, reduce_grads)
@@ -76,9 +76,9 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                                backward_passes_per_step, average_aggregated_gradients, num_groups,
                                groups, process_set, scale_local_gradients)
     take_legacy_momentum(optimizer, compression, process_set)
-    announce(compression, process_set)
     reduce_grads = make_reduce_grads(compression, op, gradient_predivide_factor, sparse_as_dense,
                                      process_set)
+    announce(compression, process_set)
     wrapped = original(optimizer, *args, hvd.Compression.none, sparse_as_dense,
                        backward_passes_per_step, hvd.Average, 1.0, average_aggregated_gradients,
                        num_groups, groups, process_set, scale_local_gradients)
