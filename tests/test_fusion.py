@@ -100,19 +100,51 @@ COMPRESSORS = ["none", "fp16", "topk", "randomk", "threshold", "qsgd", "terngrad
                "twobit"]
 
 
+def collectives_per_step(name: str) -> int:
+    """Worked out from the algorithms: the dense tensors' bucket takes one allreduce; the
+    compressed tensors' bucket one collective per round (PowerSGD: two), and one more where the
+    workers vote each step on sending it encoded or dense (threshold, INCEPTIONN)."""
+    if name == "none":
+        return 1
+    compressor = grace.build(name).compressor
+    return 1 + compressor.rounds + (1 if compressor.agrees_on_form else 0)
+
+
 @pytest.mark.parametrize("name", COMPRESSORS)
 def test_one_collective_per_bucket_and_round(name):
-    """Per step at most buckets × rounds + 2 collectives (the issue's bound), where tensor by
-    tensor would take one or more per tensor."""
+    """Exactly one collective per bucket and round (and the vote), where tensor by tensor would
+    take one or more per tensor; the non-finite flag rides inside a payload."""
     pipelines = [grace.build(name, min_numel=1024) for _ in range(2)]
     _, workers = exchange(pipelines, steps=1)
     buckets = pipelines[0].buckets([(s, "float32") for s in SHAPES], OPS)
-    compressor = pipelines[0].compressor
-    rounds = compressor.rounds + (1 if compressor.agrees_on_form else 0)
     calls = workers[0].calls
-    assert len(calls) <= len(buckets) * rounds + 2, calls
+    assert len(calls) == collectives_per_step(name), calls
     assert len(buckets) == (1 if name == "none" else 2)  # the dense tensors, the compressed ones
     assert not any(n.endswith(".nonfinite") for _, n in calls)  # the flag rides in the payload
+
+
+@pytest.fixture(scope="module")
+def horovod_counts(tmp_path_factory):
+    import json
+    import os
+
+    from launch import ROOT, horovodrun
+
+    out = tmp_path_factory.mktemp("fusion") / "counts.json"
+    horovodrun(os.path.join(ROOT, "tests", "workers", "torch_fusion.py"), str(out),
+               ",".join(COMPRESSORS), json.dumps(SHAPES))
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("name", COMPRESSORS)
+def test_one_collective_per_bucket_and_round_under_real_horovod(horovod_counts, name):
+    """The same count at Horovod's own ops, two real workers, grace's PyTorch wrapper over the same
+    shapes (tests/workers/torch_fusion.py): exactly that many each step, and on the first step one
+    more, the agreement on which gradients are sparse."""
+    first, second = horovod_counts[name]
+    assert len(second) == collectives_per_step(name), second
+    assert len(first) == collectives_per_step(name) + 1, first
+    assert [c for c in first if c not in second] == [["allreduce", "grace.sparse_gradients"]]
 
 
 def test_every_buckets_second_round_is_sent_before_any_is_awaited():
