@@ -31,19 +31,21 @@ def with_residual(choose):
     return compress
 
 
-def with_velocity(choose, momentum, nesterov=False, mask=False, dense_steps=0, dense_momentum=True):
+def with_velocity(choose, momentum, nesterov=False, mask=False, dense_steps=0, dense_momentum=True,
+                  dampening=0.0):
     """Error feedback on the velocity (the ``momentum`` memory; with ``mask``, DGC's): each worker
     keeps ``u = momentum * u + g`` and compresses ``e + u`` (``e + g + momentum * u`` with
     Nesterov); ``e`` keeps what was not sent; DGC's masking zeroes ``u`` where entries were sent.
     The first ``dense_steps`` exchanges are a warm-up, sent dense: the velocity (which compression
-    then continues) where the momentum was taken over (``dense_momentum``), else the gradient."""
+    then continues) where the momentum was taken over (``dense_momentum``), else the gradient.
+    ``dampening``: ``u = momentum * u + (1 - dampening) * g`` (Adam's ``beta_1`` taken over)."""
     residuals, velocities = {}, {}
 
     def compress(name, rank, step, g):
         key = (name, rank)
         if step < dense_steps and not dense_momentum:
             return g
-        u = momentum * velocities.get(key, 0.0) + g
+        u = momentum * velocities.get(key, 0.0) + (1.0 - dampening) * g
         velocities[key] = u
         if step < dense_steps:
             return u
@@ -263,8 +265,31 @@ def hierarchical(compress, per_host):
     return exchange
 
 
+def velocity(momentum, dampening=0.0):
+    """A worker's momentum applied before the exchange, nothing compressed (the dense tensors'
+    momentum where it was taken over): ``u = momentum * u + (1 - dampening) * g``, sent."""
+    velocities = {}
+
+    def compress(name, rank, step, g):
+        velocities[(name, rank)] = momentum * velocities.get((name, rank), 0.0) + (1.0 - dampening) * g
+        return velocities[(name, rank)]
+    return compress
+
+
+def signs_of_momentum(beta):
+    """signum's encoding: each worker's ``m = beta * m + (1 - beta) * g`` sent as its sign (+1 at
+    0); over 2 workers the majority vote in units of a sum, averaged, is the mean of the signs."""
+    momenta = {}
+
+    def compress(name, rank, step, g):
+        momenta[(name, rank)] = beta * momenta.get((name, rank), 0.0) + (1.0 - beta) * g
+        return np.where(momenta[(name, rank)] >= 0, 1.0, -1.0)
+    return compress
+
+
 def simulate(compress=None, workers=2, steps=10, average=True, passes=1, clip=None, adam=False,
-             fp16=False, ranks=None, momentum=None, nesterov=False, joined=False, exchange=None):
+             fp16=False, ranks=None, momentum=None, nesterov=False, joined=False, exchange=None,
+             compress_b=None, beta1=0.9, adam_start=1):
     """Final (W, b) of data-parallel training of common.py's model. ``compress(name, rank, step, g)``
     is applied to W's gradient (b is below the size threshold and travels dense). ``ranks`` chooses
     whose data the workers train on (default: ``range(workers)``). ``momentum``: SGD's momentum on
@@ -272,13 +297,16 @@ def simulate(compress=None, workers=2, steps=10, average=True, passes=1, clip=No
     ``joined``: ``compress`` takes b and W joined into one vector, as ``granularity="bucket"``
     compresses a bucket (b first: the wrapper's buckets follow the reverse registration order).
     ``exchange(name, step, gradients)``: W's sum over the workers, computed from all of their
-    gradients at once (a two-stage exchange), in place of compressing each and adding up."""
+    gradients at once (a two-stage exchange), in place of compressing each and adding up.
+    ``compress_b``: applied to each worker's b as ``compress`` to W (a momentum taken over).
+    Adam (lr 0.01, ``beta1``, beta2 0.999, eps 1e-8) starts at step ``adam_start`` (1 after
+    ``hvd.broadcast_optimizer_state``, which initialises Adam with one zero step; else 0)."""
     ranks = list(range(workers)) if ranks is None else list(ranks)
     workers = len(ranks)
     w, b = (a.astype(np.float64) for a in init_weights(0))
     m = {"w": 0.0, "b": 0.0}
     v = {"w": 0.0, "b": 0.0}
-    t = 1 if adam else 0  # hvd.broadcast_optimizer_state initialises Adam with one zero step
+    t = adam_start if adam else 0
     for step in range(steps):
         gw_all, gb_all = [], []
         for rank in ranks:
@@ -292,6 +320,8 @@ def simulate(compress=None, workers=2, steps=10, average=True, passes=1, clip=No
                 gb, gw = both[:gb.size].reshape(gb.shape), both[gb.size:].reshape(gw.shape)
             elif compress is not None:
                 gw = compress("weight", rank, step, gw)
+            if compress_b is not None:
+                gb = compress_b("bias", rank, step, gb)
             gw_all.append(gw)
             gb_all.append(gb)
         if exchange is not None:
@@ -317,10 +347,10 @@ def simulate(compress=None, workers=2, steps=10, average=True, passes=1, clip=No
             t += 1
             updates = {}
             for key, g in (("w", gw), ("b", gb)):
-                m[key] = 0.9 * m[key] + 0.1 * g
+                m[key] = beta1 * m[key] + (1 - beta1) * g
                 v[key] = 0.999 * v[key] + 0.001 * g * g
                 denom = np.sqrt(v[key]) / np.sqrt(1 - 0.999**t) + 1e-8
-                updates[key] = 0.01 / (1 - 0.9**t) * m[key] / denom
+                updates[key] = 0.01 / (1 - beta1**t) * m[key] / denom
             w, b = w - updates["w"], b - updates["b"]
         else:
             w, b = w - LR * gw, b - LR * gb
