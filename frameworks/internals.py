@@ -8,7 +8,7 @@ wrappers. That needs a few names that are not public API:
   module is imported, before or after ``import grace``, by a finder on ``sys.meta_path`` that
   patches each module right after it executes. Nothing is copied into Horovod's installation.
   Horovod's TF2 tape, ``broadcast_variables`` and Keras callbacks are routed whatever the
-  compression, to mend them for Keras 3 (``ALWAYS_ROUTED``, ``MENDED_CLASSES``: the callbacks'
+  compression, to mend them for Keras 3 (``MENDED_FUNCTIONS``, ``MENDED_CLASSES``: the callbacks'
   ``__init__`` is wrapped; ``frameworks/tensorflow/keras3.py``).
 - **Horovod's Keras callbacks**: ``_local_vars``, ``broadcast_done``, ``backend``, ``initial_lr``,
   ``multiplier``, ``momentum_correction``, ``end_epoch``, ``verbose`` and the methods
@@ -46,6 +46,7 @@ import os
 import re
 import sys
 import warnings
+import weakref
 from typing import Any, Callable
 
 # The package (its distribution's name) -> the releases these accesses were written and tested
@@ -118,18 +119,20 @@ ROUTES = {
     "horovod.tensorflow": {
         "DistributedGradientTape": "frameworks.tensorflow.tape:DistributedGradientTape",
         "DistributedOptimizer": "frameworks.tensorflow.tape:DistributedOptimizer",
-        "broadcast_variables": "frameworks.tensorflow.keras3:broadcast_variables",
     },
     "horovod.tensorflow.keras": {
         "DistributedOptimizer": "frameworks.tensorflow.keras:DistributedOptimizer",
     },
     "horovod.tensorflow.keras.callbacks": {},
 }
-# The names routed whatever the compression: Horovod's TF2 entry points mended for Keras 3
-# variables (frameworks/tensorflow/keras3.py; each keeps Horovod's own path for tf.Variables).
-ALWAYS_ROUTED = {
-    ("horovod.tensorflow", "DistributedGradientTape"),
-    ("horovod.tensorflow", "broadcast_variables"),
+# Horovod's TF2 entry points mended for Keras 3 variables where the compression is not grace's
+# ("module:function", called as function(horovods_own, *args, **kwargs); frameworks/tensorflow/
+# keras3.py): each calls Horovod's own, and only mends it where GRACE_MEND_HOROVOD allows.
+MENDED_FUNCTIONS = {
+    "horovod.tensorflow": {
+        "DistributedGradientTape": "frameworks.tensorflow.keras3:horovods_tape",
+        "broadcast_variables": "frameworks.tensorflow.keras3:horovods_broadcast_variables",
+    },
 }
 # Horovod classes whose instances are mended after Horovod's own __init__ ("module:function", called
 # as function(instance, init, *args, **kwargs), which calls init): the class stays Horovod's (its
@@ -160,19 +163,26 @@ def mend_class(cls: type, target: str) -> None:
     cls.__init__ = __init__
 
 
-def route(original: Callable, target: str, always: bool = False) -> Callable:
-    """``original`` unless its ``compression`` argument is a grace ``Pipeline`` (or ``always``),
-    then ``target`` ("module:function", imported on first use) with the same arguments."""
+def _resolve(target: str) -> Callable:
+    module, function = target.split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def route(original: Callable, target: str | None, mend: str | None = None) -> Callable:
+    """``target`` ("module:function", imported on first use) with the same arguments where the
+    ``compression`` argument is a grace ``Pipeline``; else ``mend`` (called with ``original``
+    first) where there is one; else ``original``, Horovod's own, as it is."""
     signature = inspect.signature(original)
 
     @functools.wraps(original)
     def routed(*args, **kwargs):
         from grace.pipeline import Pipeline
 
-        if always or isinstance(signature.bind(*args, **kwargs).arguments.get("compression"),
-                                Pipeline):
-            module, function = target.split(":")
-            return getattr(importlib.import_module(module), function)(*args, **kwargs)
+        if target is not None and isinstance(
+                signature.bind(*args, **kwargs).arguments.get("compression"), Pipeline):
+            return _resolve(target)(*args, **kwargs)
+        if mend is not None:
+            return _resolve(mend)(original, *args, **kwargs)
         return original(*args, **kwargs)
 
     routed.__grace_original__ = original
@@ -197,10 +207,11 @@ def original(module: str, name: str) -> Callable:
 def _patch(module) -> None:
     if getattr(module, "_grace_patched", False):
         return
-    for name, target in ROUTES[module.__name__].items():
+    mends = MENDED_FUNCTIONS.get(module.__name__, {})
+    for name in dict.fromkeys([*ROUTES[module.__name__], *mends]):
         if hasattr(module, name):
-            always = (module.__name__, name) in ALWAYS_ROUTED
-            setattr(module, name, route(getattr(module, name), target, always))
+            setattr(module, name, route(getattr(module, name), ROUTES[module.__name__].get(name),
+                                        mends.get(name)))
     for name, target in MENDED_CLASSES.get(module.__name__, {}).items():
         if isinstance(getattr(module, name, None), type):
             mend_class(getattr(module, name), target)
@@ -234,18 +245,27 @@ _PACKAGES = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + 
                   for name in ("grace", "frameworks"))
 
 
-def tensorflow_trace_site() -> tuple[str, int] | None:
-    """Where the user's code is (file, line: the first frame outside grace and TensorFlow, whose
-    AutoGraph calls the user's converted code through its own) while TensorFlow, if it is
-    imported, traces a function (``tf.function``); ``None`` when it is not tracing."""
+def tensorflow_trace_site() -> tuple | None:
+    """Where the user's code is while TensorFlow, if it is imported, traces a function
+    (``tf.function``): (file, line of the first frame outside grace and TensorFlow, whose AutoGraph
+    calls the user's converted code through its own; a weak reference to the function being
+    traced, the same ``tf.function`` object for all its traces). ``None`` when not tracing."""
     tf = sys.modules.get("tensorflow")
     if tf is None or not hasattr(tf, "inside_function") or not tf.inside_function():
         return None
     skip = _PACKAGES + (os.path.dirname(os.path.abspath(tf.__file__)) + os.sep,)
-    frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(skip):
+    frame, site = sys._getframe(1), None
+    function = None
+    while frame is not None:
+        if site is None and not os.path.abspath(frame.f_code.co_filename).startswith(skip):
+            site = (frame.f_code.co_filename, frame.f_lineno)
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, tf.types.experimental.GenericFunction):  # the outermost: the step
+            function = owner
         frame = frame.f_back
-    return None if frame is None else (frame.f_code.co_filename, frame.f_lineno)
+    if site is None:
+        return None
+    return (*site, None if function is None else weakref.ref(function))
 
 
 def install_routes() -> None:

@@ -107,16 +107,31 @@ def _divided(grad: Any, workers: Any) -> Any:
     return grad / workers
 
 
-def broadcast_variables(variables: Sequence, root_rank: int, process_set=None, inplace: bool = False):
+def horovods_tape(original: Any, *args: Any, **kwargs: Any) -> Any:
+    """``hvd.DistributedGradientTape`` with a compression that is not grace's (Horovod's own, or
+    none given): Horovod's own tape, with Horovod's own arguments and defaults, its sources keyed
+    for Keras 3 variables (``mend_tape``) unless ``GRACE_MEND_HOROVOD=0``."""
+    tape = original(*args, **kwargs)
+    return mend_tape(tape) if mends_horovod() else tape
+
+
+def horovods_broadcast_variables(original: Any, variables: Sequence, *args: Any, **kwargs: Any) -> Any:
     """``hvd.broadcast_variables`` for Keras 3 variables too: each goes as the ``tf.Variable`` that
-    holds its value, through Horovod's own broadcast (eagerly or inside ``tf.function``)."""
+    holds its value, through Horovod's own broadcast (eagerly or inside ``tf.function``), unless
+    ``GRACE_MEND_HOROVOD=0``."""
+    if mends_horovod():
+        variables = [held_variable(v) for v in variables]
+    return original(variables, *args, **kwargs)
+
+
+def broadcast_variables(variables: Sequence, root_rank: int, process_set=None) -> Any:
+    """``horovods_broadcast_variables`` over Horovod's own ``broadcast_variables``."""
     import horovod.tensorflow as hvd
 
     original = internals.original("horovod.tensorflow", "broadcast_variables")
-    process_set = hvd.global_process_set if process_set is None else process_set
-    if mends_horovod():
-        variables = [held_variable(v) for v in variables]
-    return original(variables, root_rank, process_set=process_set, inplace=inplace)
+    return horovods_broadcast_variables(original, variables, root_rank,
+                                        process_set=hvd.global_process_set if process_set is None
+                                        else process_set)
 
 
 class _Keras3Backend:
@@ -225,14 +240,24 @@ _SHARED: dict = {}
 
 def shared_while_tracing(pipeline: Any, process_set: Any) -> Any:
     """``pipeline``, or, when it was built while TensorFlow traced a function (as Horovod's examples
-    build their compression inside the step), the first pipeline built by the same line of the
-    user's code with the same settings for the same process set: its state lives in variables,
-    which only the first trace may create. Another function's line builds its own."""
+    build their compression inside the step), the first pipeline that the same line of the same
+    ``tf.function`` built with the same settings for the same process set: its state lives in
+    variables, which only the first trace may create. Another function, or a new one made at the
+    same line (another model's run), builds its own; the entry of a function that is gone is
+    dropped with it."""
     site = getattr(pipeline, "built_while_tracing", None)
     if site is None:
         return pipeline
-    key = (site, repr(pipeline), getattr(process_set, "process_set_id", None))
-    shared = _SHARED.setdefault(key, pipeline)
+    filename, line, function = site
+    if function is not None and function() is None:
+        return pipeline
+    key = (filename, line, None if function is None else id(function()), repr(pipeline),
+           getattr(process_set, "process_set_id", None))
+    for stale in [k for k, (ref, _) in _SHARED.items() if ref is not None and ref() is None]:
+        del _SHARED[stale]  # a function that is gone: its id may be another's now
+    if key not in _SHARED:
+        _SHARED[key] = (function, pipeline)
+    shared = _SHARED[key][1]
     if shared is not pipeline:
         say_once("grace: the compression built inside a traced function is built again at each "
                  "trace; every trace uses the first one (its state lives in variables, which only "

@@ -12,7 +12,7 @@ from frameworks import internals
 from frameworks.process_set import announce
 from frameworks.tensorflow import keras3
 from frameworks.tensorflow.momentum import take_legacy_momentum
-from frameworks.tensorflow.reduce import make_reduce_grads
+from frameworks.tensorflow.reduce import check_options, make_reduce_grads
 from grace.pipeline import Pipeline
 
 
@@ -33,10 +33,9 @@ def DistributedGradientTape(gradtape, device_dense="", device_sparse="", compres
         compression = grace.none()
     original = internals.original("horovod.tensorflow", "DistributedGradientTape")
     if not isinstance(compression, Pipeline):
-        tape = original(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
-                        gradient_predivide_factor, num_groups, groups, process_set,
-                        scale_local_gradients)
-        return keras3.mend_tape(tape) if keras3.mends_horovod() else tape
+        return keras3.horovods_tape(original, gradtape, device_dense, device_sparse, compression,
+                                    sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                    groups, process_set, scale_local_gradients)
     compression = keras3.shared_while_tracing(compression, process_set)
     reduce_grads = make_reduce_grads(compression, op, gradient_predivide_factor, sparse_as_dense,
                                      process_set)  # validates the options first
@@ -75,6 +74,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                                sparse_as_dense, gradient_predivide_factor, op,
                                backward_passes_per_step, average_aggregated_gradients, num_groups,
                                groups, process_set, scale_local_gradients)
+    check_options(op, gradient_predivide_factor)  # before the optimizer's momentum is taken
     take_legacy_momentum(optimizer, compression, process_set)
     reduce_grads = make_reduce_grads(compression, op, gradient_predivide_factor, sparse_as_dense,
                                      process_set)

@@ -114,34 +114,28 @@ def keras_tape(name, make_compression, lr=LR, start=0.0):
 
 
 def keras_two_functions(name):
-    """Two tf.function steps, written apart, over two Keras models whose variables have the same
-    names, each building grace.topk(0.05) inside: one pipeline per function (per line of code),
-    each counting its own model's exchanges only."""
+    """Two tf.function steps made by one factory, over two Keras models whose variables have the
+    same names, each building grace.topk(0.05) inside, at the same line: one pipeline per function
+    (residuals, counters), each counting its own model's exchanges only."""
     models = [Linear(), Linear()]
     models[1].weight.assign(models[1].weight * 2.0)
     built = [[], []]
 
-    def apply(i, tape, loss):
-        for v, g in zip(models[i].trainable_variables,
-                        tape.gradient(loss, models[i].trainable_variables)):
-            v.assign_sub(LR * g)
+    def make(i):
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(models[i](x) - y))
+            built[i].append(grace.topk(0.05))
+            tape = hvd.DistributedGradientTape(tape, compression=built[i][-1])
+            for v, g in zip(models[i].trainable_variables,
+                            tape.gradient(loss, models[i].trainable_variables)):
+                v.assign_sub(LR * g)
+        return step
 
-    @tf.function
-    def first(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(models[0](x) - y))
-        built[0].append(grace.topk(0.05))
-        apply(0, hvd.DistributedGradientTape(tape, compression=built[0][-1]), loss)
-
-    @tf.function
-    def second(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(models[1](x) - y))
-        built[1].append(grace.topk(0.05))
-        apply(1, hvd.DistributedGradientTape(tape, compression=built[1][-1]), loss)
-
+    steps = [make(0), make(1)]
     for s in range(args.steps):
-        for step in (first, second):
+        for step in steps:
             step(*(tf.constant(a) for a in batch(rank, s)))
     save(name, models[0].weight.numpy(), models[0].bias.numpy(), None,
          tensors=[b[0].stats()["tensors"] for b in built])
@@ -242,6 +236,26 @@ def keras_signsgd_fit():
                                                            compression=grace.signsgd()), loss="mse")
     x, y = batch(rank, 0)
     model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0)
+
+
+def plain_tape(name):
+    """Horovod's tape as a Horovod script builds it, no compression given, with import grace: it
+    stays Horovod's (no grace pipeline, Horovod's defaults: op=None is accepted, and so is Adasum
+    at construction), mended for Keras 3 variables; one eager step over the Keras model."""
+    model = Linear()
+    x, y = (tf.constant(a) for a in batch(rank, 0))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x) - y))
+    tape = hvd.DistributedGradientTape(tape)
+    grace_pipeline = hasattr(tape, "_grace_pipeline")
+    gw, gb = tape.gradient(loss, model.trainable_variables)
+    try:
+        hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Adasum)
+        adasum_error = None
+    except ValueError as e:
+        adasum_error = str(e)
+    save(name, gw.numpy(), gb.numpy(), None, grace_pipeline=grace_pipeline,
+         adasum_error=adasum_error)
 
 
 def keras_tape_unmended(name):
@@ -377,6 +391,7 @@ scenarios.update({
     "keras_local_source": lambda: keras_local_source("keras_local_source"),
     "keras_horovod_callbacks": lambda: keras_horovod_callbacks("keras_horovod_callbacks"),
     "keras_tape_unmended": lambda: keras_tape_unmended("keras_tape_unmended"),
+    "plain_tape": lambda: plain_tape("plain_tape"),
     # Under the tape, DGC's own momentum (it sees no optimizer), said once over three traces.
     "tape_dgc_said": lambda: said_while("tape_dgc_said", lambda: keras_tape(
         "tape_dgc_said.run", lambda: grace.dgc(0.05, sample_ratio=1.0))),
