@@ -142,7 +142,7 @@ MENDED_CLASSES = {
         "BroadcastGlobalVariablesCallback": "frameworks.tensorflow.keras3:mend_broadcast_callback",
         "MetricAverageCallback": "frameworks.tensorflow.keras3:mend_metric_average",
         "LearningRateScheduleCallback": "frameworks.tensorflow.keras3:mend_schedule",
-        "LearningRateWarmupCallback": "frameworks.tensorflow.keras3:mend_warmup",
+        "LearningRateWarmupCallback": "frameworks.tensorflow.keras3:mend_schedule",
     },
 }
 
@@ -345,7 +345,8 @@ def treated_as_horovods_optimizer(cls: type) -> type:
 
 # --- TensorFlow's TF1 optimizers ----------------------------------------------------------------
 # name of the setting -> the private attribute that holds it
-TF1_SETTINGS = {"momentum": "_momentum", "nesterov": "_use_nesterov", "beta1": "_beta1"}
+TF1_SETTINGS = {"momentum": "_momentum", "nesterov": "_use_nesterov", "beta1": "_beta1",
+                "learning_rate": "_learning_rate"}
 
 
 def tf1_setting(optimizer: Any, setting: str) -> Any:

@@ -41,6 +41,8 @@ OFFLINE_MNIST = "(__import__('scripts.fashion_mnist', fromlist=['raw']).raw('tra
 
 
 def compression_expression(name: str) -> str:
+    """The Python expression an example's compression line gets for ``name`` (``horovod-none``,
+    ``horovod-fp16``: Horovod's own; else ``grace.<name>()``)."""
     if name == "horovod-none":
         return "hvd.Compression.none"
     if name == "horovod-fp16":
@@ -95,6 +97,7 @@ ARGS = {"tensorflow2_synthetic_benchmark.py": ["--no-cuda", "--batch-size", "4",
 
 
 def changed(source: str, example: str, compression: str, steps: int, image_size: int) -> str:
+    """``source`` with ``edits`` applied; a required text that is not there stops the run."""
     for old, new in edits(example, compression, steps, image_size):
         if old not in source and old not in OPTIONAL:
             raise SystemExit(f"{example}: Horovod's text {old!r} is not there (another Horovod "
@@ -125,6 +128,8 @@ def markdown(results: list[tuple[str, str, bool]]) -> str:
 
 
 def main(argv=None) -> int:
+    """Run each example with each compression on 2 Gloo workers (or, ``--from-output``, make the
+    table from printed lines); exit 1 if any failed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("examples", help="examples/tensorflow2 of a Horovod source checkout")
     parser.add_argument("--compressors", default="horovod-none,horovod-fp16," + ",".join(

@@ -336,6 +336,7 @@ def test_horovods_keras_callbacks_work_on_keras3_with_import_grace(tf_run):
     np.testing.assert_allclose(infos[0]["loss"], raw.mean(axis=0), rtol=1e-6)
     assert infos[0]["loss"][-1] < infos[0]["loss"][0]
     np.testing.assert_allclose(infos[0]["lr"], [0.75 * LR, LR, LR], rtol=1e-6)
+    assert infos[0]["subclass_saw"] == [0, 1, 2]  # a user's subclass overrides the mended method
     said = [line for line in infos[0]["grace_log"] if "momentum correction" in line]
     assert len(said) == 1 and "is not applied on Keras 3" in said[0]
     assert infos[1]["grace_log"] == []  # rank 0 only

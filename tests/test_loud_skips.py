@@ -45,6 +45,13 @@ def test_under_ci_a_skip_fails_the_run(pytester, monkeypatch):
     result.stdout.fnmatch_lines(["*CI runs everything: this run fails*"])
 
 
+def test_an_expected_failure_is_not_a_skip(pytester, monkeypatch):
+    source = "import pytest\n\n@pytest.mark.xfail(reason='known')\ndef test_known():\n    assert 0\n"
+    result = run(pytester, monkeypatch, True, source)
+    result.assert_outcomes(xfailed=1)
+    assert result.ret == 0 and "NOT CHECKED" not in result.stdout.str()
+
+
 def test_without_a_skip_nothing_is_said(pytester, monkeypatch):
     result = run(pytester, monkeypatch, True, "def test_runs():\n    pass\n")
     assert result.ret == 0

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from frameworks import internals
 from frameworks.process_set import announce, say_once
-from frameworks.tensorflow.keras3 import variable_list
+from frameworks.tensorflow.keras3 import learning_rate_of, variable_list
 from frameworks.tensorflow.momentum import take_keras_adam_moments, take_keras_momentum
 from frameworks.tensorflow.ops import TensorFlowOps
 from frameworks.tensorflow.reduce import make_reduce_grads
@@ -37,10 +37,9 @@ def _apply(self, grads, trainable_variables=None):
     variables = self._trainable_variables if trainable_variables is None else list(trainable_variables)
     if not getattr(self, "_grace_rate_checked", False):  # the rate as it is, traced or not
         self._grace_rate_checked = True
-        with tf.init_scope():
-            rate = float(keras.ops.convert_to_numpy(self.learning_rate))
         say_once(self._grace_pipeline.compressor.learning_rate_notice(
-            rate, float(getattr(self, "momentum", 0.0) or 0.0)), self._grace_process_set)
+            learning_rate_of(self), float(getattr(self, "momentum", 0.0) or 0.0)),
+            self._grace_process_set)
     steps = self.gradient_accumulation_steps
     if steps:
         grads = _accumulated(self, list(grads), variables, steps)
@@ -167,9 +166,9 @@ def broadcast_variables(variables, root_rank: int = 0, process_set=hvd.global_pr
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """At the start of training, give every worker ``root_rank``'s model weights and optimizer state
-    (Horovod's callback of the same name fails on Keras 3). The optimizer is built first if needed,
-    so that its state exists to be broadcast. ``local_variables``: model variables left as each
-    worker has them (Horovod's option of the same name)."""
+    (Horovod's callback of the same name fails on Keras 3 unless ``import grace`` mends it). The
+    optimizer is built first if needed, so that its state exists to be broadcast.
+    ``local_variables``: model variables left as each worker has them (Horovod's option)."""
 
     def __init__(self, root_rank: int = 0, process_set=hvd.global_process_set,
                  local_variables=None):

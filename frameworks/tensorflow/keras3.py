@@ -77,8 +77,8 @@ def mend_tape(tape: Any) -> Any:
         if all(hasattr(s, "ref") for s in flat):
             return horovods_gradient(target, sources, output_gradients, use_generic_names)
         say_once("grace: Horovod's DistributedGradientTape keys its sources by ref(), which Keras 3 "
-                 "variables lack; grace keys each by the tf.Variable that holds its value and leaves "
-                 f"Horovod's reduction as it is ({MEND_ENV}=0 opts out)", process_set)
+                 "variables lack; grace keys each by the tf.Variable that holds its value "
+                 f"(with Horovod's own compression too, unless {MEND_ENV}=0)", process_set)
         grads = list(tf.GradientTape.gradient(tape, target, flat, output_gradients))
         keys = [source_key(s) for s in flat]
         reduced = [i for i, key in enumerate(keys) if key not in local]
@@ -139,48 +139,42 @@ class _Keras3Backend:
 
     @staticmethod
     def constant(value: Any, name: str | None = None) -> Any:
+        """``keras.backend.constant``: a TF constant."""
         return tf.constant(value, name=name)
 
     @staticmethod
     def get_value(value: Any) -> Any:
+        """``keras.backend.get_value``: the value as numpy."""
         return keras.ops.convert_to_numpy(value)
 
 
-def _rate(optimizer: Any) -> float:
-    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+def learning_rate_of(optimizer: Any) -> float:
+    """A Keras 3 optimizer's learning rate now (a schedule's value at this step), as a float, read
+    eagerly (also from inside a traced step)."""
+    with tf.init_scope():
+        return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
 
 def variable_list(variables: Any) -> list:
     """``None``, one variable or several, as a list (Horovod's ``local_variables`` takes each)."""
     if variables is None:
         return []
-    return list(variables) if isinstance(variables, (list, tuple, set)) else [variables]
+    if hasattr(variables, "shape") and hasattr(variables, "assign"):  # one variable
+        return [variables]
+    return list(variables)
 
 
 def mend_broadcast_callback(callback: Any, init: Any, root_rank: int, device: str = "",
                             local_variables: Any = None) -> None:
-    """``hvd.callbacks.BroadcastGlobalVariablesCallback`` on Keras 3: Horovod's, broadcasting the
-    model's variables (less ``local_variables``) and the optimizer's after the first batch, as
-    Horovod does, through ``broadcast_variables`` above and Keras 3's ``optimizer.variables``."""
+    """``hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank, device, local_variables)`` on
+    Keras 3: Horovod's, which refuses Keras 3 variables as ``local_variables``, so they are keyed
+    here (``source_key``); its methods are mended on the class (``_mend_methods``)."""
+    _mend_methods()
     if not mends_horovod():
         return init(callback, root_rank, device, local_variables)
-    init(callback, root_rank, device)  # Horovod's refuses Keras 3 variables as local ones
-    local = internals.horovod_attribute(callback, "_local_vars")
-    local.update(source_key(v) for v in variable_list(local_variables))
-
-    def on_batch_end(batch: int, logs: dict | None = None) -> None:
-        if callback.broadcast_done:
-            return
-        model = callback.model
-        broadcast_variables([v for v in model.variables if source_key(v) not in local], root_rank)
-        if model.optimizer is not None:
-            # Keras's own property: Horovod's Keras optimizer overrides it with a failing method.
-            broadcast_variables(keras.optimizers.Optimizer.variables.fget(model.optimizer),
-                                root_rank)
-        callback.broadcast_done = True
-
-    callback.register_local_var = lambda variable: local.add(source_key(variable))
-    callback.on_batch_end = on_batch_end
+    init(callback, root_rank, device)
+    internals.horovod_attribute(callback, "_local_vars").update(
+        source_key(v) for v in variable_list(local_variables))
 
 
 def mend_metric_average(callback: Any, init: Any, *args: Any, **kwargs: Any) -> None:
@@ -192,47 +186,85 @@ def mend_metric_average(callback: Any, init: Any, *args: Any, **kwargs: Any) -> 
 
 
 def mend_schedule(callback: Any, init: Any, *args: Any, **kwargs: Any) -> None:
-    """``hvd.callbacks.LearningRateScheduleCallback`` on Keras 3 (``_mend_schedule``)."""
+    """``hvd.callbacks.LearningRateScheduleCallback`` and ``LearningRateWarmupCallback`` (from
+    ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs``, Goyal et al. 2017) on Keras 3:
+    Horovod's, their methods mended on the class (``_mend_methods``)."""
+    _mend_methods()
     init(callback, *args, **kwargs)
-    _mend_schedule(callback)
+    if mends_horovod():
+        callback.backend = _Keras3Backend()
 
 
-def mend_warmup(callback: Any, init: Any, *args: Any, **kwargs: Any) -> None:
-    """``hvd.callbacks.LearningRateWarmupCallback`` on Keras 3 (``_mend_schedule``): the rate goes
-    from ``initial_lr / size`` to ``initial_lr`` over ``warmup_epochs`` (Goyal et al. 2017)."""
-    init(callback, *args, **kwargs)
-    _mend_schedule(callback, warmup=True)
+_MENDED_METHODS: list = []
 
 
-def _mend_schedule(callback: Any, warmup: bool = False) -> None:
-    """Horovod's learning-rate callback ``callback``, its schedule unchanged, reading and setting
-    the rate as Keras 3's ``optimizer.learning_rate``. Keras 3 compiles SGD's momentum into the
-    traced step as a constant, so Horovod's momentum correction cannot be applied: said once."""
-    if not mends_horovod():
+def _mend_methods() -> None:
+    """Mend, once, the methods of Horovod's Keras callbacks that fail on Keras 3, on the classes
+    themselves, so that a user's subclass still overrides them; each runs Horovod's own where
+    ``GRACE_MEND_HOROVOD=0``. The broadcast goes through ``broadcast_variables`` above and Keras
+    3's ``optimizer.variables``; the schedules read and set ``optimizer.learning_rate``. Keras 3
+    compiles SGD's momentum into the traced step as a constant, so the schedules' momentum
+    correction cannot be applied: said once on rank 0."""
+    if _MENDED_METHODS:
         return
     import horovod.tensorflow as hvd
+    from horovod.tensorflow.keras import callbacks
 
-    def adjust(epoch: float) -> None:
-        optimizer = callback.model.optimizer
-        optimizer.learning_rate = callback.initial_lr * callback.multiplier(epoch)
-        if callback.momentum_correction and getattr(optimizer, "momentum", 0.0):
-            say_once(f"grace: {type(callback).__name__}'s momentum "
-                      "correction is not applied on Keras 3, which compiles the optimizer's "
-                      "momentum into the traced step; the learning rate follows the schedule "
-                      "(momentum_correction=False silences this)", hvd.global_process_set)
+    def mended(cls: type, name: str, method: Any) -> None:
+        horovods = getattr(cls, name)
 
-    def on_epoch_end(epoch: int, logs: dict | None = None) -> None:
-        rate = _rate(callback.model.optimizer)
+        def choose(self, *args, **kwargs):
+            return (method if mends_horovod() else horovods)(self, *args, **kwargs)
+
+        choose.__name__, choose.__doc__ = name, method.__doc__
+        setattr(cls, name, choose)
+        _MENDED_METHODS.append((cls, name, horovods))
+
+    def on_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        """After the first batch, rank ``root_rank``'s model and optimizer variables for all."""
+        if self.broadcast_done:
+            return
+        model, local = self.model, internals.horovod_attribute(self, "_local_vars")
+        broadcast_variables([v for v in model.variables if source_key(v) not in local],
+                            self.root_rank)
+        if model.optimizer is not None:
+            # Keras's own property: Horovod's Keras optimizer overrides it with a failing method.
+            broadcast_variables(keras.optimizers.Optimizer.variables.fget(model.optimizer),
+                                self.root_rank)
+        self.broadcast_done = True
+
+    def register_local_var(self, variable: Any) -> None:
+        """``variable`` (a Keras 3 one too) is left out of the broadcast."""
+        internals.horovod_attribute(self, "_local_vars").add(source_key(variable))
+
+    def adjust(self, epoch: float) -> None:
+        """The schedule's rate for ``epoch``, set as Keras 3's ``optimizer.learning_rate``."""
+        optimizer = self.model.optimizer
+        optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
+        if self.momentum_correction and getattr(optimizer, "momentum", 0.0):
+            say_once(f"grace: {type(self).__name__}'s momentum correction is not applied on "
+                     "Keras 3, which compiles the optimizer's momentum into the traced step; the "
+                     "learning rate follows the schedule (momentum_correction=False silences "
+                     "this)", hvd.global_process_set)
+
+    def no_momentum_to_restore(self) -> None:
+        """Nothing: the momentum was never changed (``adjust``)."""
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        """The rate in the epoch's logs (and, ending a warm-up, said on rank 0)."""
+        rate = learning_rate_of(self.model.optimizer)
         if logs is not None:
             logs["lr"] = rate
-        if (warmup and epoch == callback.end_epoch - 1 and callback.verbose > 0
-                and hvd.rank() == 0):
+        if (hasattr(self, "verbose") and self.end_epoch is not None
+                and epoch == self.end_epoch - 1 and self.verbose > 0 and hvd.rank() == 0):
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {rate:g}.")
 
-    callback.backend = _Keras3Backend()
-    callback._adjust_learning_rate = adjust
-    callback._restore_momentum_if_needed = lambda: None
-    callback.on_epoch_end = on_epoch_end
+    mended(callbacks.BroadcastGlobalVariablesCallback, "on_batch_end", on_batch_end)
+    mended(callbacks.BroadcastGlobalVariablesCallback, "register_local_var", register_local_var)
+    for cls in (callbacks.LearningRateScheduleCallback, callbacks.LearningRateWarmupCallback):
+        mended(cls, "_adjust_learning_rate", adjust)
+        mended(cls, "_restore_momentum_if_needed", no_momentum_to_restore)
+        mended(cls, "on_epoch_end", on_epoch_end)
 
 
 _SHARED: dict = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import horovod.tensorflow as hvd
 
 from frameworks import internals
-from frameworks.process_set import announce
+from frameworks.process_set import announce, say_once
 from frameworks.tensorflow import keras3
 from frameworks.tensorflow.momentum import take_legacy_momentum
 from frameworks.tensorflow.reduce import check_options, make_reduce_grads
@@ -79,6 +79,10 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     reduce_grads = make_reduce_grads(compression, op, gradient_predivide_factor, sparse_as_dense,
                                      process_set)
     announce(compression, process_set)
+    rate = internals.tf1_setting(optimizer, "learning_rate")
+    if isinstance(rate, (int, float)):  # a number (a tensor or a schedule is not judged)
+        momentum = 0.0 if compression.adam_moments_taken else float(getattr(optimizer, "_momentum", 0.0))
+        say_once(compression.compressor.learning_rate_notice(float(rate), momentum), process_set)
     wrapped = original(optimizer, *args, hvd.Compression.none, sparse_as_dense,
                        backward_passes_per_step, hvd.Average, 1.0, average_aggregated_gradients,
                        num_groups, groups, process_set, scale_local_gradients)

@@ -1,3 +1,5 @@
+"""Two-bit quantization with error feedback (MXNet's ``2bit``, Strom 2015): ``TwoBit``."""
+
 from __future__ import annotations
 
 import math
@@ -7,22 +9,22 @@ from grace.validation import check_bool, check_positive
 
 
 class TwoBit(Tabled, Compressor):
-    """Two-bit quantization with error feedback, as MXNet's gradient compression ships it
-    (``'type': '2bit'``): each element of the compensated gradient (the gradient plus the residual
-    error feedback kept) becomes ``+t`` at or above the threshold ``t`` (code ``11``), ``-t`` at or
-    below ``-t`` (``10``), and 0 otherwise (``00``); 2 bits an element, packed (sixteen to a 32-bit
-    word), and the quantization error stays in the residual, so that an element below the
-    threshold is sent once its residual reaches it. This is Strom's threshold quantization with
-    error feedback at two bits. As for 1-bit SGD, the error feedback is on the velocity: the
-    wrapped optimizer's momentum is taken over (the ``momentum`` memory), since the optimizer's
-    momentum acting on error feedback's delayed updates cost 8 points on mnist (docs/quality.md,
-    "Two-bit quantization"). ``threshold`` is a multiple of the compensated tensor's root mean
-    square by default (``relative=True``; that ``t`` is sent, one value per tensor), so that one
-    setting fits gradients of any size; ``relative=False`` takes it as MXNet does, an absolute value
-    (MXNet's default is 0.5), under which small gradients send nothing for many steps and then
-    leave in bursts. The defaults are measured (docs/quality.md, "Two-bit quantization").
-    Strom, "Scalable Distributed DNN Training Using Commodity GPU Cloud Computing", Interspeech
-    2015; Apache MXNet, "Gradient Compression" (``kvstore``)."""
+    """Two-bit quantization with error feedback, as MXNet's gradient compression ships it (``'type':
+    '2bit'``): each element of the compensated gradient (the gradient plus the residual error
+    feedback kept) becomes ``+t`` at or above the threshold ``t`` (code ``11``), ``-t`` at or below
+    ``-t`` (``10``), and 0 otherwise (``00``); 2 bits an element, packed four to a byte (the density
+    of MXNet's sixteen to a 32-bit word), and the quantization error stays in the residual, so that
+    an element below the threshold is sent once its residual reaches it. This is Strom's threshold
+    quantization with error feedback at two bits. As for 1-bit SGD, the error feedback is on the
+    velocity: the wrapped optimizer's momentum is taken over (the ``momentum`` memory), since the
+    optimizer's momentum acting on error feedback's delayed updates cost 6.7 points on mnist at the
+    default threshold (docs/quality.md, "Two-bit quantization"). ``threshold`` is a multiple of the
+    compensated tensor's root mean square by default (``relative=True``; that ``t`` is sent, one
+    value per tensor), so that one setting fits gradients of any size; ``relative=False`` takes it
+    as MXNet does, an absolute value (MXNet's default is 0.5), under which small gradients send
+    nothing for many steps and then leave in bursts. The defaults are measured (docs/quality.md,
+    "Two-bit quantization"). Strom, "Scalable Distributed DNN Training Using Commodity GPU Cloud
+    Computing", Interspeech 2015; Apache MXNet, "Gradient Compression" (``kvstore``)."""
 
     name = "twobit"
     default_memory = "momentum"  # error feedback on the velocity, SGD's momentum taken over
