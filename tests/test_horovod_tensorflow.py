@@ -153,13 +153,15 @@ def test_keras_sgd_momentum_is_taken_over_by_dgc(tf_run):
 
 def test_keras_keep_optimizer_leaves_sgds_momentum_to_keras(tf_run):
     """keep_optimizer=True: Keras's SGD keeps its momentum 0.9 (applied after the exchange, on W
-    and b), DGC applies none of its own, and nothing is said of a takeover."""
+    and b), DGC applies none of its own, and says so; nothing is said of a takeover."""
     from test_momentum import M
 
     infos = check(tf_run, "keras_dgc_keep_optimizer", reference.simulate(
         reference.with_velocity(reference.largest(0.05), 0.0, mask=True), momentum={"w": M, "b": M}))
     assert infos[0]["optimizer_momentum"] == M
-    assert not [line for line in infos[0]["grace_log"] if "momentum" in line]
+    assert not [line for line in infos[0]["grace_log"] if "SGD's momentum" in line]  # not taken
+    (said,) = [line for line in infos[0]["grace_log"] if "keep_optimizer=True" in line]
+    assert "applies none of its default momentum (momentum 0.9)" in said
 
 
 def test_keras_adam_moments_are_taken_over_by_randomk(tf_run):
