@@ -82,6 +82,15 @@ class OwnsMomentum:
                 f"{found.source} is 0; {compressor}({self.momentum_param}=0) sends the sign of the "
                 f"gradient (signSGD)")
 
+    def dropped_default_line(self, compressor: str) -> str | None:
+        """What the wrapper logs once where ``keep_optimizer=True`` drops this part's default
+        momentum (none given), else ``None``."""
+        if self.momentum_given is not None or not self.default_momentum:
+            return None
+        return (f"grace: {compressor}(keep_optimizer=True) applies none of its default momentum "
+                f"({self.momentum_param} {self.default_momentum}): the optimizer's own applies, "
+                f"after the exchange; pass {self.momentum_param}= to give it one")
+
     def unseen_optimizer_line(self, compressor: str) -> str | None:
         """What the wrapper logs once where it sees no optimizer (``DistributedGradientTape``), so
         that none is taken over: the momentum this part applies itself, or how to give it one.

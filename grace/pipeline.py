@@ -281,12 +281,8 @@ class Pipeline:
         part = owner(self)
         if not optimizer_seen and part is not None and not self.keep_optimizer:
             lines.append(part.unseen_optimizer_line(self.compressor.name))
-        if self.keep_optimizer and part is not None and part.momentum_given is None \
-                and part.default_momentum:
-            lines.append(f"grace: {self.compressor.name}(keep_optimizer=True) applies none of its "
-                         f"default momentum ({part.momentum_param} {part.default_momentum}): the "
-                         f"optimizer's own applies, after the exchange; pass "
-                         f"{part.momentum_param}= to give it one")
+        if self.keep_optimizer and part is not None:
+            lines.append(part.dropped_default_line(self.compressor.name))
         if not optimizer_seen:
             lines.append(self.compressor.learning_rate_notice(None))
         return [line for line in lines if line is not None]

@@ -164,6 +164,17 @@ def broadcast_variables(variables, root_rank: int = 0, process_set=hvd.global_pr
         variable.assign(value)
 
 
+def broadcast_model_and_optimizer(model, root_rank: int, process_set, broadcast) -> None:
+    """Give every worker ``root_rank``'s values of ``model``'s variables for which ``broadcast``
+    is true, and of its optimizer's (Keras's own ``Optimizer.variables``: Horovod's Keras wrapper
+    overrides it with a method that fails): grace's callback and Horovod's, mended."""
+    broadcast_variables([v for v in model.variables if broadcast(v)], root_rank, process_set,
+                        "grace.model")
+    if model.optimizer is not None:
+        broadcast_variables(keras.optimizers.Optimizer.variables.fget(model.optimizer), root_rank,
+                            process_set, "grace.optimizer")
+
+
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """At the start of training, give every worker ``root_rank``'s model weights and optimizer state
     (Horovod's callback of the same name fails on Keras 3 unless ``import grace`` mends it). The
@@ -181,12 +192,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         optimizer = self.model.optimizer
         if optimizer is not None and not optimizer.built:
             optimizer.build(self.model.trainable_variables)
-        model_variables = [v for v in self.model.variables if id(v) not in self._local]
-        broadcast_variables(model_variables, self.root_rank, self.process_set, "grace.model")
-        if optimizer is not None:
-            # Keras's own property: Horovod's Keras wrapper overrides it with a method that fails.
-            variables = keras.optimizers.Optimizer.variables.fget(optimizer)
-            broadcast_variables(variables, self.root_rank, self.process_set, "grace.optimizer")
+        broadcast_model_and_optimizer(self.model, self.root_rank, self.process_set,
+                                      lambda v: id(v) not in self._local)
 
 
 # Keras 3 resolves jit_compile='auto' to XLA on CPU too, and Horovod's ops have no XLA kernels.

@@ -124,16 +124,6 @@ def horovods_broadcast_variables(original: Any, variables: Sequence, *args: Any,
     return original(variables, *args, **kwargs)
 
 
-def broadcast_variables(variables: Sequence, root_rank: int, process_set=None) -> Any:
-    """``horovods_broadcast_variables`` over Horovod's own ``broadcast_variables``."""
-    import horovod.tensorflow as hvd
-
-    original = internals.original("horovod.tensorflow", "broadcast_variables")
-    return horovods_broadcast_variables(original, variables, root_rank,
-                                        process_set=hvd.global_process_set if process_set is None
-                                        else process_set)
-
-
 class _Keras3Backend:
     """The ``keras.backend`` functions Horovod's Keras callbacks call eagerly, on Keras 3."""
 
@@ -201,10 +191,10 @@ _MENDED_METHODS: list = []
 def _mend_methods() -> None:
     """Mend, once, the methods of Horovod's Keras callbacks that fail on Keras 3, on the classes
     themselves, so that a user's subclass still overrides them; each runs Horovod's own where
-    ``GRACE_MEND_HOROVOD=0``. The broadcast goes through ``broadcast_variables`` above and Keras
-    3's ``optimizer.variables``; the schedules read and set ``optimizer.learning_rate``. Keras 3
-    compiles SGD's momentum into the traced step as a constant, so the schedules' momentum
-    correction cannot be applied: said once on rank 0."""
+    ``GRACE_MEND_HOROVOD=0``. The broadcast is grace's own callback's
+    (``frameworks.tensorflow.keras.broadcast_model_and_optimizer``); the schedules read and set
+    ``optimizer.learning_rate``. Keras 3 compiles SGD's momentum into the traced step as a
+    constant, so the schedules' momentum correction cannot be applied: said once on rank 0."""
     if _MENDED_METHODS:
         return
     import horovod.tensorflow as hvd
@@ -222,15 +212,13 @@ def _mend_methods() -> None:
 
     def on_batch_end(self, batch: int, logs: dict | None = None) -> None:
         """After the first batch, rank ``root_rank``'s model and optimizer variables for all."""
+        from frameworks.tensorflow.keras import broadcast_model_and_optimizer
+
         if self.broadcast_done:
             return
-        model, local = self.model, internals.horovod_attribute(self, "_local_vars")
-        broadcast_variables([v for v in model.variables if source_key(v) not in local],
-                            self.root_rank)
-        if model.optimizer is not None:
-            # Keras's own property: Horovod's Keras optimizer overrides it with a failing method.
-            broadcast_variables(keras.optimizers.Optimizer.variables.fget(model.optimizer),
-                                self.root_rank)
+        local = internals.horovod_attribute(self, "_local_vars")
+        broadcast_model_and_optimizer(self.model, self.root_rank, hvd.global_process_set,
+                                      lambda v: source_key(v) not in local)
         self.broadcast_done = True
 
     def register_local_var(self, variable: Any) -> None:

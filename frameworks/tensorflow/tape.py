@@ -81,7 +81,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
     announce(compression, process_set)
     rate = internals.tf1_setting(optimizer, "learning_rate")
     if isinstance(rate, (int, float)):  # a number (a tensor or a schedule is not judged)
-        momentum = 0.0 if compression.adam_moments_taken else float(getattr(optimizer, "_momentum", 0.0))
+        momentum = float(getattr(optimizer, "_momentum", 0.0))  # 0 where taken over
         say_once(compression.compressor.learning_rate_notice(float(rate), momentum), process_set)
     wrapped = original(optimizer, *args, hvd.Compression.none, sparse_as_dense,
                        backward_passes_per_step, hvd.Average, 1.0, average_aggregated_gradients,
