@@ -22,7 +22,10 @@ class Memory(ABC):
     """Where state kept across steps is read and written (``grace.state``): the pipeline's own."""
 
     @abstractmethod
-    def compensate(self, tensor: Tensor, name: str, ops: Ops) -> Tensor: ...
+    def compensate(self, tensor: Tensor, name: str, ops: Ops, overwrite: bool = False) -> Tensor:
+        """The tensor to compress: ``tensor`` with what earlier steps left out added. With
+        ``overwrite`` the caller reads ``tensor`` no more (a gradient the exchange replaces), and
+        the result may be written into it (``Ops.add_into``) instead of into a new tensor."""
 
     @abstractmethod
     def update(self, compensated: Tensor, name: str, compressor: Compressor, payload: Payload,

@@ -166,7 +166,8 @@ class Ops(ABC):
 
     @abstractmethod
     def concat(self, xs: Sequence[Tensor]) -> Tensor:
-        """1-d tensors joined end to end."""
+        """1-d tensors joined end to end, in a new tensor (of one tensor too: the pipeline writes
+        into a joined bucket)."""
 
     @abstractmethod
     def split(self, x: Tensor, sizes: Sequence[int] | Tensor) -> list[Tensor]:
@@ -205,6 +206,16 @@ class Ops(ABC):
     # --- arithmetic ----------------------------------------------------------------------------
     @abstractmethod
     def add(self, a: Tensor, b: Tensor) -> Tensor: ...
+
+    def add_into(self, a: Tensor, b: Tensor) -> Tensor:
+        """``a + b``, written into ``a`` where the adapter can (``a`` is read no more, and is
+        ``writable``), else a new tensor: the same values either way."""
+        return self.add(a, b)
+
+    def writable(self, x: Tensor) -> bool:
+        """Whether ``add_into`` may write into ``x`` itself: a tensor that autograd does not
+        track and that is all of its memory (no other tensor's view)."""
+        return False
 
     @abstractmethod
     def sub(self, a: Tensor, b: Tensor) -> Tensor: ...

@@ -50,6 +50,8 @@ class Entry:
     ready: Tensor | None = None  # set when nothing had to travel (empty tensors)
     deferred: Callable | None = None  # traced: f(discard, scale) -> the result, run after the verdict
     result: Tensor | None = None
+    owned: bool = False  # its source is read no more: error feedback may add into it
+    flag: Tensor | None = None  # its non-finite flag, taken before error feedback wrote its source
 
 
 @dataclass
@@ -450,22 +452,26 @@ class Pipeline:
         return Exchange(tag, [entry], 1, ops, [entry], sent, single=True)
 
     def start_bucket(self, tensors: Sequence[Tensor], names: Sequence[str], group: Collectives,
-                     ops: Ops | None = None) -> Exchange:
+                     ops: Ops | None = None, overwrite: bool = False) -> Exchange:
         """Compress a bucket of tensors and start its exchange: one collective per kind of payload
         (summed: one per dtype; gathered: one) for all of them, the non-finite flag inside. At
         ``granularity="bucket"`` the bucket's float tensors of one dtype are compressed as one
-        vector. Every worker starts the same buckets, in the same order."""
+        vector. Every worker starts the same buckets, in the same order. ``overwrite``: the caller
+        reads the tensors no more (gradients the exchange's results replace, as Horovod's
+        allreduce writes over them), so error feedback adds its residual into them instead of
+        into a full-size tensor of its own each step; the values computed are the same. (With
+        ``hierarchical=True`` the host's sums are compressed, tensors of the pipeline's own.)"""
         ops = ops or ops_for(tensors[0])
         if self.hierarchical:  # dense within the host, compressed between hosts (grace.hierarchy)
             return hierarchy.start(tensors, names, group, ops, self._start_flat,
                                    lambda n: self.state_store.counter(ops, self._counters,
                                                                       "bytes_local", n))
-        return self._start_flat(tensors, names, group, ops)
+        return self._start_flat(tensors, names, group, ops, overwrite)
 
     def _start_flat(self, tensors: Sequence[Tensor], names: Sequence[str], group: Collectives,
-                    ops: Ops) -> Exchange:
+                    ops: Ops, overwrite: bool = False) -> Exchange:
         tag = bucket_tag(names)
-        entries = self._entries(list(tensors), list(names), ops)
+        entries = self._entries(list(tensors), list(names), ops, overwrite)
         for entry in entries:
             self._prepare(entry, group, ops)
         self._vote(entries, tag, group, ops)
@@ -473,10 +479,12 @@ class Pipeline:
         sent = self._send_round(live, tag, group, ops, self._flag_of(entries, ops))
         return Exchange(tag, entries, len(tensors), ops, live, sent)
 
-    def _entries(self, tensors: list, names: list, ops: Ops) -> list[Entry]:
+    def _entries(self, tensors: list, names: list, ops: Ops, overwrite: bool = False) -> list[Entry]:
         """The units a bucket compresses: each tensor (``granularity="layer"``), or its float
-        tensors of one dtype joined into one vector named after the bucket (``"bucket"``)."""
-        whole = [Entry(name, [i], [ops.shape(t)], t) for i, (t, name) in enumerate(zip(tensors, names))]
+        tensors of one dtype joined into one vector named after the bucket (``"bucket"``, a
+        vector of the pipeline's own, which error feedback may write into)."""
+        whole = [Entry(name, [i], [ops.shape(t)], t, owned=overwrite)
+                 for i, (t, name) in enumerate(zip(tensors, names))]
         if self.granularity == "layer" or len(tensors) == 1:
             return whole
         joined: dict[str, list[int]] = {}
@@ -487,7 +495,8 @@ class Pipeline:
         for dtype, positions in joined.items():
             name = f"bucket.{names[positions[0]]}" + (f".{dtype}" if len(joined) > 1 else "")
             flat = ops.concat([ops.flatten(tensors[i]) for i in positions])
-            entries.append(Entry(name, positions, [ops.shape(tensors[i]) for i in positions], flat))
+            entries.append(Entry(name, positions, [ops.shape(tensors[i]) for i in positions], flat,
+                                 owned=True))  # ``Ops.concat`` makes a new tensor
         return entries
 
     def _prepare(self, entry: Entry, group: Collectives, ops: Ops) -> None:
@@ -525,10 +534,15 @@ class Pipeline:
             entry.transaction = {}
             entry.flagged = not carries
         source = entry.source
+        if entry.owned and entry.flagged:  # read before error feedback writes into the source
+            entry.flag = ops.nonfinite_flag(source)
         with self.state_store.within(entry.transaction):
             if count:
                 self.state_store.counter(ops, self._exchanges, entry.name)
-            entry.compensated = entry.memory.compensate(source, entry.name, ops)
+            if entry.owned:
+                entry.compensated = entry.memory.compensate(source, entry.name, ops, overwrite=True)
+            else:  # as a Memory written before ``overwrite`` was is called
+                entry.compensated = entry.memory.compensate(source, entry.name, ops)
         self.state_store.counter(ops, self._counters, "bytes_dense",
                                  ops.numel(source) * ops.itemsize(ops.dtype(source)))
         self.state_store.counter(ops, self._counters, "tensors", len(entry.positions))
@@ -642,9 +656,12 @@ class Pipeline:
         flagged = [e for e in entries if e.flagged]
         if not flagged:
             return None
-        flag = ops.nonfinite_flag(flagged[0].source)
+        def flag_of(entry):
+            return entry.flag if entry.flag is not None else ops.nonfinite_flag(entry.source)
+
+        flag = flag_of(flagged[0])
         for entry in flagged[1:]:
-            flag = ops.maximum(flag, ops.nonfinite_flag(entry.source))
+            flag = ops.maximum(flag, flag_of(entry))
         return flag
 
     def _send_round(self, entries: list[Entry], tag: str, group: Collectives, ops: Ops,

@@ -14,6 +14,18 @@ and the training time until it reaches the workload's target. A run that fails i
 
 Outputs under ``--out``: results.csv, results.md, results.json and PNG plots (throughput against
 link rate per compressor; metric against wall time; PyTorch against TensorFlow).
+
+``--alone`` adds, per workload and framework, the same worker on ONE emulated host's core with
+Horovod's own uncompressed optimizer (no communication: the limit), and every row its samples/s per
+worker against that figure (``of_alone``, the scaling efficiency). ``of_compute`` is the step's
+compute (the same workers' local step, all computing at once, without Horovod's exchange) over the
+step: what the exchange and compression leave of what these workers could do. ``--repeats N`` runs the whole
+matrix N times, interleaved (repeat by repeat, so that a slow spell of the machine touches every
+set-up alike); a row's figures are the medians over its repeats, each repeat's samples/s kept in
+results.json (``repeats``).
+
+    sudo python scripts/compare.py --workloads resnet50 --frameworks torch,tf --alone --repeats 3 \
+        --compressors fp32,hvd-fp16,none,fp16,topk:ratio=0.01,dgc,powersgd:rank=2 --rates 1gbit
 """
 
 from __future__ import annotations
@@ -35,13 +47,14 @@ import workloads  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINES = ("fp32", "hvd-fp16")
+ALONE = "alone"  # the rate column of the one-worker run with no communication
 METRIC = {"mnist": ("test_accuracy", "max", workloads.MNIST["target"]),
           "lstm": ("perplexity", "min", workloads.LSTM["target"]),
           "words": ("perplexity", "min", workloads.WORDS["target"]),
-          "exchange": (None, None, None)}
+          "exchange": (None, None, None), "resnet50": (None, None, None)}
 COLUMNS = ["workload", "framework", "compression", "rate", "workers", "status", "samples_per_s",
-           "step_ms", "compute_ms", "compression_ms", "communication_ms", "payload_kib_per_step",
-           "wire_kib_per_step", "metric", "final", "time_to_target_s"]
+           "of_alone", "of_compute", "repeats", "step_ms", "compute_ms", "compression_ms", "communication_ms",
+           "payload_kib_per_step", "wire_kib_per_step", "metric", "final", "time_to_target_s"]
 
 
 def parse_compression(text: str) -> str:
@@ -81,14 +94,17 @@ def worker_env() -> dict:
 
 
 def run_one(fw, workload, compression, rate, workers, args, emulate: bool, extra: tuple = ()) -> dict:
-    """One Horovod job; its RESULT line, or a row saying why it failed."""
+    """One Horovod job; its RESULT line, or a row saying why it failed. ``rate`` ``ALONE``: one
+    worker on the first of two emulated hosts, so on one core as each worker of a 2-host run."""
     row = {"workload": workload, "framework": fw, "compression": compression, "rate": rate,
            "workers": workers}
     command = worker_command(fw, workload, compression, args, wire=emulate, extra=extra)
     try:
         if emulate:
             per_host = args.workers_per_host
-            with cluster.EmulatedCluster(-(-workers // per_host), rate, pin=not args.no_pin) as net:
+            hosts = 2 if rate == ALONE else -(-workers // per_host)
+            with cluster.EmulatedCluster(hosts, None if rate == ALONE else rate,
+                                         pin=not args.no_pin) as net:
                 output = _run(net.launch_args(workers, command, per_host), args.timeout)
         else:
             horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
@@ -129,13 +145,18 @@ def time_to_target(row: dict) -> float | None:
     return None
 
 
-def flatten(row: dict) -> dict:
+def flatten(row: dict, alone: dict | None = None) -> dict:
+    """A row of the tables; ``alone``: (workload, framework) -> one worker alone's samples/s."""
     out = {c: row.get(c, "") for c in ("workload", "framework", "rate", "workers", "status")}
     out["compression"] = label(row["compression"])
     if row["status"] != "ok":
         return out
     key = METRIC[row["workload"]][0]
     last = row["epochs"][-1]
+    limit = (alone or {}).get((row["workload"], row["framework"]))
+    out.update(of_alone=round(row["samples_per_s"] / row["workers"] / limit, 3) if limit else "",
+               of_compute=round(row["compute_s"] / row["step_s"], 3) if row["compute_s"] else "",
+               repeats=len(row.get("repeats", [])) or 1)
     out.update(samples_per_s=round(row["samples_per_s"], 1), step_ms=round(row["step_s"] * 1e3, 1),
                compute_ms=round(row["compute_s"] * 1e3, 1),
                compression_ms=round(row["compression_s"] * 1e3, 1),
@@ -165,6 +186,8 @@ def markdown(rows: list[dict]) -> str:
 
 
 def rate_order(rate: str) -> float:
+    if rate == ALONE:
+        return -1.0
     bits = cluster.rate_bits(rate)
     return bits if bits is not None else float("inf")
 
@@ -175,9 +198,12 @@ def plots(results: list[dict], out: str) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ok = [r for r in results if r["status"] == "ok"]
+    limits = alone_limits(results)
+    ok = [r for r in results if r["status"] == "ok" and r["rate"] != ALONE]
     frameworks = list(dict.fromkeys(r["framework"] for r in ok))
     made = []
+    if limits and any((r["workload"], r["framework"]) in limits for r in ok):
+        made.append(plot_of_alone(ok, limits, out, plt))
     for workload in dict.fromkeys(r["workload"] for r in ok):
         rows = [r for r in ok if r["workload"] == workload]
         # Throughput against link rate, one line per compression, per framework and worker count.
@@ -250,6 +276,48 @@ def plots(results: list[dict], out: str) -> list[str]:
     return made
 
 
+def plot_of_alone(rows: list[dict], limits: dict, out: str, plt) -> str:
+    """Samples/s per worker against one worker alone, per compression: one panel per workload,
+    framework and worker count, a bar per link rate (colour) with the repeats' spread as a range."""
+    import numpy as np
+
+    panels = sorted({(r["workload"], r["framework"], r["workers"]) for r in rows
+                     if (r["workload"], r["framework"]) in limits})
+    rates = sorted({r["rate"] for r in rows}, key=rate_order)
+    comps = list(dict.fromkeys(r["compression"] for r in rows))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(7, 0.9 * len(comps) * len(rates)),
+                                                       3.2 * len(panels)), squeeze=False)
+    width = 0.8 / max(1, len(rates))
+    colours = plt.get_cmap("tab10")
+    for ax, (workload, fw, n) in zip(axes[:, 0], panels):
+        limit = limits[(workload, fw)]
+        for j, rate in enumerate(rates):
+            for i, comp in enumerate(comps):
+                found = [r for r in rows if (r["workload"], r["framework"], r["workers"], r["rate"],
+                                             r["compression"]) == (workload, fw, n, rate, comp)]
+                if not found:
+                    continue
+                r = found[0]
+                spread = np.array(r.get("repeats") or [r["samples_per_s"]]) / n / limit
+                ax.bar(i + (j - (len(rates) - 1) / 2) * width, r["samples_per_s"] / n / limit, width,
+                       color=colours(j), label=rate if i == 0 else None,
+                       yerr=[[r["samples_per_s"] / n / limit - spread.min()],
+                             [spread.max() - r["samples_per_s"] / n / limit]], capsize=2)
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xticks(range(len(comps)), [label(c) for c in comps], rotation=20, fontsize=7,
+                      ha="right")
+        ax.set_ylabel("of one worker alone")
+        ax.set_ylim(0, 1.1)
+        ax.set_title(f"{workload}: {fw}, {n} workers; one worker alone {limit:.1f} samples/s = 1")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, title="link", title_fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(out, "of_alone.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def split(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
@@ -277,6 +345,11 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
                         help="mnist and lstm: the workload's SGD, or Adam (lr 1e-3), whose moments "
                              "random-k takes over (its payload then carries them too)")
+    parser.add_argument("--alone", action="store_true",
+                        help="also run each workload and framework on one worker with Horovod's "
+                             "own optimizer (no communication): the of_alone column's limit")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the matrix this many times, interleaved; figures are medians")
     parser.add_argument("--out", default=os.path.join(ROOT, "out", "compare"))
     parser.add_argument("--from-json", nargs="+", metavar="FILE",
                         help="no runs: rebuild the tables and plots from earlier results.json files "
@@ -289,7 +362,7 @@ def main(argv=None) -> list[dict]:
             with open(path) as f:
                 for row in json.load(f):
                     key = (row["workload"], row["framework"], row["compression"], row["rate"],
-                           row["workers"], row.get("optimizer", "sgd"))
+                           row["workers"], row.get("optimizer", "sgd"), row.get("repeat", 0))
                     merged[key] = row
         os.makedirs(args.out, exist_ok=True)
         return write_outputs(list(merged.values()), args.out, time.time())
@@ -316,40 +389,132 @@ def main(argv=None) -> list[dict]:
         rates = ["unshaped (localhost)"]
     os.makedirs(args.out, exist_ok=True)
 
-    matrix = list(itertools.product(names, frameworks, compressions, rates, workers))
+    one_pass = [(w, fw, ALONE, ALONE, 1) for w in names for fw in frameworks] if args.alone else []
+    one_pass += list(itertools.product(names, frameworks, compressions, rates, workers))
+    matrix = [(repeat, *run) for repeat in range(args.repeats) for run in one_pass]
     results = []
     started = time.time()
     with tqdm(matrix, desc="runs", unit="run") as bar:
-        for workload, fw, comp, rate, n in bar:
-            bar.set_postfix_str(f"{workload} {fw} {label(comp)} {rate} {n}w")
+        for repeat, workload, fw, comp, rate, n in bar:
+            alone = comp == ALONE
+            comp = "fp32" if alone else comp
+            shown = ALONE if alone else rate
+            bar.set_postfix_str(f"{workload} {fw} {label(comp)} {shown} {n}w #{repeat + 1}")
             extra = (("--seed", str(args.seed)) if args.seed else ()) + (
                 ("--optimizer", "adam") if args.optimizer == "adam" else ())
-            row = run_one(fw, workload, comp, rate if emulate else None, n, args, emulate, extra)
-            row.update(rate=rate, seed=args.seed, optimizer=args.optimizer)
+            row = run_one(fw, workload, comp, (ALONE if alone else rate) if emulate else None, n,
+                          args, emulate, extra)
+            row.update(rate=shown, seed=args.seed,
+                       optimizer=args.optimizer, repeat=repeat)
             results.append(row)
             flat = flatten(row)
-            bar.write(f"{workload:8s} {fw:5s} {flat['compression']:28s} {rate:10s} {n}w  "
+            bar.write(f"{workload:8s} {fw:5s} {flat['compression']:28s} {row['rate']:10s} {n}w #{repeat + 1} "
                       + (f"{flat['samples_per_s']:>9} samples/s  {flat['final']}" if row["status"] == "ok"
                          else row["status"]))
     return write_outputs(results, args.out, started)
 
 
+SPLIT = ("samples_per_s", "step_s", "compute_s", "compression_s", "communication_s")
+
+
+def medians(results: list[dict]) -> list[dict]:
+    """One row per set-up: the repeats' medians of the throughput and the step's split (the
+    other fields, epochs included, from the repeat whose samples/s is the median), with every
+    repeat's samples/s under ``repeats``. A set-up of failed runs keeps its first failure."""
+    import numpy as np
+
+    groups: dict = {}
+    for r in results:
+        key = (r["workload"], r["framework"], r["compression"], r["rate"], r["workers"],
+               r.get("optimizer", "sgd"))
+        groups.setdefault(key, []).append(r)
+    rows = []
+    for runs in groups.values():
+        ok = [r for r in runs if r["status"] == "ok"]
+        if not ok:
+            rows.append(runs[0])
+            continue
+        ok.sort(key=lambda r: r["samples_per_s"])
+        row = dict(ok[(len(ok) - 1) // 2])
+        row.update({k: float(np.median([r[k] for r in ok])) for k in SPLIT})
+        row["repeats"] = [r["samples_per_s"] for r in runs if r["status"] == "ok"]
+        row["failed_repeats"] = len(runs) - len(ok)
+        rows.append(row)
+    return rows
+
+
+def alone_limits(rows: list[dict]) -> dict:
+    """(workload, framework) -> samples/s of one worker alone (the ``ALONE`` rows)."""
+    return {(r["workload"], r["framework"]): r["samples_per_s"] for r in rows
+            if r["rate"] == ALONE and r["status"] == "ok"}
+
+
+def end_to_end_markdown(rows: list[dict]) -> str:
+    """Where one worker alone was run: per workload, link rate and worker count, a table of what
+    each compression gives a worker, side by side for the frameworks (the rows of ``medians``):
+    samples/s per worker, against one worker alone and against the same workers' compute, and the
+    step's split. Empty without ``ALONE`` rows."""
+    limits = alone_limits(rows)
+    if not limits:
+        return ""
+    runs = [r for r in rows if r["rate"] != ALONE and (r["workload"], r["framework"]) in limits]
+    frameworks = list(dict.fromkeys(r["framework"] for r in rows if r["rate"] == ALONE))
+    names = {"torch": "PyTorch", "tf": "TensorFlow"}
+    lines = []
+    for workload, rate, n in dict.fromkeys((r["workload"], r["rate"], r["workers"]) for r in runs):
+        alone = ", ".join(f"{names.get(fw, fw)} {limits[(workload, fw)]:.1f}" for fw in frameworks
+                          if (workload, fw) in limits)
+        lines.append(f"\n{workload}, {n} workers at {rate}; one worker alone (samples/s): {alone}.\n")
+        head = ["compression"]
+        for fw in frameworks:
+            head += [f"{names.get(fw, fw)} per worker", "of alone", "of compute",
+                     "compute ms", "compression ms", "rest ms"]
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|---|" + "---:|" * (len(head) - 1))
+        for comp in dict.fromkeys(r["compression"] for r in runs if r["workload"] == workload):
+            cells = [label(comp)]
+            for fw in frameworks:
+                found = [r for r in runs if (r["workload"], r["rate"], r["workers"], r["compression"],
+                                             r["framework"]) == (workload, rate, n, comp, fw)]
+                if not found:
+                    cells += [""] * 6
+                    continue
+                r = found[0]
+                if r["status"] != "ok":
+                    cells += [r["status"].split(":")[0]] + [""] * 5
+                    continue
+                per = r["samples_per_s"] / n
+                cells += [f"{per:.1f}", f"{per / limits[(workload, fw)]:.2f}",
+                          f"{r['compute_s'] / r['step_s']:.2f}", f"{r['compute_s'] * 1e3:.0f}",
+                          f"{r['compression_s'] * 1e3:.0f}", f"{r['communication_s'] * 1e3:.0f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines).lstrip("\n") + "\n"
+
+
 def write_outputs(results: list[dict], out: str, started: float) -> list[dict]:
-    """results.csv, results.md, results.json and the plots under ``out``; the table on stdout."""
-    rows = [flatten(r) for r in results]
+    """results.csv, results.md, results.json and the plots under ``out``; the table on stdout.
+    results.json keeps every repeat; the tables and plots show their medians."""
+    every = results
+    results = medians(results)
+    rows = [flatten(r, alone_limits(results)) for r in results]
     with open(os.path.join(out, "results.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
     with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1)
+        json.dump(every, f, indent=1)
     report = markdown(rows)
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write(report + "\n")
+    summary = end_to_end_markdown(results)
+    if summary:
+        with open(os.path.join(out, "end_to_end.md"), "w") as f:
+            f.write(summary)
+        report += "\n\n" + summary
     made = plots(results, out)
     print("\n" + report)
-    print(f"\n{len(results)} runs in {time.time() - started:.0f} s; "
-          f"{sum(r['status'] != 'ok' for r in results)} failed. Results: {out}/results.csv, "
+    print(f"\n{len(every)} runs in {time.time() - started:.0f} s; "
+          f"{sum(r['status'] != 'ok' for r in every)} failed. Results: {out}/results.csv, "
           f"results.md, results.json, " + ", ".join(os.path.basename(p) for p in made))
     return results
 

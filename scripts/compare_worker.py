@@ -252,6 +252,25 @@ def run_torch(args, spec):
             mean = float(hvd.allreduce(torch.tensor(nll), name="eval"))
             return {"perplexity": float(np.exp(mean))}
         samples = cfg["batch"]
+    elif args.workload == "resnet50":
+        from resnet import ResNet50
+
+        cfg = workloads.RESNET50
+        model = ResNet50(cfg["classes"])
+        base = torch_optimizer(args, model.parameters(), learning_rate(args, cfg), cfg["momentum"])
+        gen = torch.Generator().manual_seed(args.seed + rank)
+        images = torch.randn(cfg["batch"], 3, cfg["image"], cfg["image"], generator=gen)
+        labels = torch.randint(0, cfg["classes"], (cfg["batch"],), generator=gen)
+
+        def batch():
+            return images, labels
+
+        def loss_of(x, y):
+            return torch.nn.functional.cross_entropy(model(x), y)
+
+        def evaluate():
+            return {}
+        samples = cfg["batch"]
     else:
         shapes = workloads.resnet50_shapes()
         gen = torch.Generator().manual_seed(args.seed + rank)
@@ -472,6 +491,25 @@ def run_tf(args, spec):
             nll = float(xent(share[:, -1], model(share[:, :-1], training=False)))
             mean = float(hvd.allreduce(tf.constant(nll), name="eval"))
             return {"perplexity": float(np.exp(mean))}
+        samples = cfg["batch"]
+    elif args.workload == "resnet50":
+        cfg = workloads.RESNET50
+        model = keras.applications.ResNet50(weights=None, input_shape=(cfg["image"], cfg["image"], 3),
+                                            classes=cfg["classes"])
+        base = keras_optimizer(args, learning_rate(args, cfg), cfg["momentum"])
+        xent = keras.losses.SparseCategoricalCrossentropy(from_logits=False)  # a softmax head
+        images = tf.constant(rng.standard_normal((cfg["batch"], cfg["image"], cfg["image"], 3),
+                                                 np.float32))
+        labels = tf.constant(rng.integers(0, cfg["classes"], cfg["batch"]))
+
+        def batch():
+            return images, labels
+
+        def loss_of(x, y):
+            return xent(y, model(x, training=True))
+
+        def evaluate():
+            return {}
         samples = cfg["batch"]
     else:
         shapes = workloads.resnet50_shapes()

@@ -6,9 +6,12 @@ starting while backward is still running.
     .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python scripts/timeline.py \\
         --out docs/results/fused/timeline
 
-A 12-layer MLP (1024 wide, 12.6 M parameters) on random data, SGD, ``grace.topk(0.01)`` with
-``bucket_bytes`` of 8 MiB (so that its 48 MiB of gradients make several buckets); the step shown is
-the median of ``--steps`` steps by duration. Rank 0 writes ``<out>.json`` and ``<out>.png``.
+``--model mlp``: a 12-layer MLP (1024 wide, 12.6 M parameters) on random data, SGD,
+``grace.topk(0.01)`` with ``bucket_bytes`` of 8 MiB (so that its 48 MiB of gradients make several
+buckets). ``--model resnet50``: the end-to-end workload's ResNet-50 (``scripts/resnet.py``, 16
+synthetic 64x64 images per worker, SGD with momentum 0.9) with the pipeline's own bucket size unless
+``--bucket-mib`` says otherwise. ``--compression`` is a ``grace.from_params`` JSON object. The step
+shown is the median of ``--steps`` steps by duration. Rank 0 writes ``<out>.json`` and ``<out>.png``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
@@ -32,25 +36,42 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="out/timeline")
     parser.add_argument("--steps", type=int, default=7)
-    parser.add_argument("--bucket-mib", type=float, default=8.0)
+    parser.add_argument("--model", choices=("mlp", "resnet50"), default="mlp")
+    parser.add_argument("--compression", default='{"compressor": "topk", "ratio": 0.01}')
+    parser.add_argument("--bucket-mib", type=float, default=None,
+                        help="bucket_bytes in MiB (default: 8 for the MLP, the pipeline's own for "
+                             "ResNet-50)")
     args = parser.parse_args()
     hvd.init()
     torch.manual_seed(hvd.rank())
     torch.set_num_threads(1)
-    layers = [torch.nn.Linear(1024, 1024) for _ in range(12)]
-    model = torch.nn.Sequential(*[m for layer in layers for m in (layer, torch.nn.ReLU())])
-    pipeline = grace.topk(0.01, bucket_bytes=int(args.bucket_mib * 2**20))
-    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
-                                         named_parameters=model.named_parameters(),
+    params = json.loads(args.compression)
+    if args.bucket_mib is not None or args.model == "mlp":
+        params["bucket_bytes"] = int((args.bucket_mib or 8.0) * 2**20)
+    pipeline = grace.from_params(params)
+    if args.model == "mlp":
+        layers = [torch.nn.Linear(1024, 1024) for _ in range(12)]
+        model = torch.nn.Sequential(*[m for layer in layers for m in (layer, torch.nn.ReLU())])
+        x, y = torch.randn(256, 1024), torch.randn(256, 1024)
+        loss_of = torch.nn.functional.mse_loss
+        base = torch.optim.SGD(model.parameters(), lr=0.01)
+    else:
+        from resnet import ResNet50
+
+        model = ResNet50()
+        x, y = torch.randn(16, 3, 64, 64), torch.randint(0, 1000, (16,))
+        loss_of = torch.nn.functional.cross_entropy
+        base = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                          compression=pipeline)
     events: list = []
     clock = time.perf_counter
 
     start_bucket, finish_step = pipeline.start_bucket, pipeline.finish_step
 
-    def timed_start(tensors, names, group, ops=None):
+    def timed_start(tensors, names, group, ops=None, **options):
         began = clock()
-        exchange = start_bucket(tensors, names, group, ops)
+        exchange = start_bucket(tensors, names, group, ops, **options)
         events.append(("compress", exchange.tag, began, clock()))
         return exchange
 
@@ -92,13 +113,12 @@ def main():
     collectives.allreduce_async = watched(collectives.allreduce_async)
     collectives.allgather_async = watched(collectives.allgather_async)
     threading.Thread(target=watch, daemon=True).start()
-    x, y = torch.randn(256, 1024), torch.randn(256, 1024)
     steps = []
     for _ in range(args.steps):
         events.clear()
         optimizer.zero_grad()
         t0 = clock()
-        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss = loss_of(model(x), y)
         forward_end = clock()
         loss.backward()
         backward_end = clock()
@@ -115,7 +135,7 @@ def main():
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out + ".json", "w") as f:
             json.dump({"steps": steps, "shown": shown}, f, indent=1)
-        plot(shown, args.out + ".png")
+        plot(shown, args.out + ".png", f"{args.model}, {args.compression}, {hvd.size()} workers")
         buckets = [e for e in shown["events"] if e[0] == "compress"]
         during = sum(1 for e in buckets if e[2] < shown["backward"][1])
         backward = shown["backward"][1] - shown["backward"][0]
@@ -123,7 +143,7 @@ def main():
               f"{len(buckets)} buckets, {during} started during backward; wrote {args.out}.png")
 
 
-def plot(step: dict, path: str) -> None:
+def plot(step: dict, path: str, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -152,7 +172,7 @@ def plot(step: dict, path: str) -> None:
     ax.set_yticks(range(rows + 1))
     ax.set_yticklabels([f"bucket {rows - r}" for r in range(rows)] + ["model"])
     ax.set_xlabel("ms since the step began (rank 0)")
-    ax.set_title("One step: grace.topk(0.01), buckets of 8 MiB, 2 workers")
+    ax.set_title(f"One step: {title}")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -12,6 +12,11 @@ TensorFlow.
   A batch touches about a tenth of the table's rows: the sparse-gradient workload.
 - ``exchange``: gradients with ResNet-50's layer shapes (25.6 M parameters) fed to the distributed
   optimizer without the model's compute: what compression + communication cost per step.
+- ``resnet50``: ResNet-50's real forward and backward (torchvision's definition, ``resnet.py``, in
+  PyTorch; ``keras.applications.ResNet50`` in TensorFlow) on synthetic 64x64 images, 16 per worker,
+  SGD with momentum, as Horovod's ``*_synthetic_benchmark.py`` examples train it (their images made
+  64x64 for a CPU core): what a user's model gets end to end. Its figure is img/s per worker against
+  one worker alone (``compare.py --alone``), the scaling efficiency.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import os
 
 import numpy as np
 
-WORKLOADS = ("mnist", "lstm", "words", "exchange")
+WORKLOADS = ("mnist", "lstm", "words", "exchange", "resnet50")
 
 # Targets: what the uncompressed runs of docs/results.md reach within their short budget (150 steps).
 MNIST = {"hidden": (512, 256), "batch": 64, "lr": 0.05, "momentum": 0.9, "target": 0.75}
@@ -32,6 +37,10 @@ LSTM = {"embed": 32, "hidden": 128, "seq": 64, "batch": 32, "lr": 2.0, "clip": 1
 WORDS = {"vocab": 4096, "context": 8, "embed": 64, "hidden": 256, "batch": 128, "lr": 0.5,
          "target": 300.0}
 EXCHANGE = {"batch": 32}  # the nominal per-worker batch behind samples/s: ResNet-50's usual
+# Horovod's synthetic benchmarks' settings (SGD at 0.01, fixed random images and labels), with 64x64
+# images and 16 per worker so that one CPU core's step (~0.3 s) meets a 1 Gbit/s link's fp32
+# exchange (~0.4 s) as a V100's meets a 10 Gbit/s one. Momentum 0.9: what ResNet-50 trains with.
+RESNET50 = {"image": 64, "batch": 16, "classes": 1000, "lr": 0.01, "momentum": 0.9}
 
 
 def fashion_mnist() -> tuple:

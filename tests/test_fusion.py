@@ -298,3 +298,161 @@ def test_powersgd_orthogonalizes_a_buckets_matrices_of_one_shape_together():
             np.testing.assert_array_equal(x, y)
     # Per worker and step one call for the 3 matrices of (64, 48) and one for the 2 of (32, 96).
     assert sorted(calls) == [(2, 32, 2)] * 4 + [(3, 64, 2)] * 4
+
+
+def torch_exchange(pipelines, steps, overwrite, grads=gradients, poison=None, copying=False):
+    """``exchange`` with torch tensors through ``TorchOps``, handed over as the PyTorch wrapper
+    hands its gradients: each worker keeps one gradient tensor per name across steps (a
+    ``p.grad``: zeroed, then the step's gradient added, as ``zero_grad(set_to_none=False)`` and
+    backward do), passes ``detach()`` aliases of them with ``overwrite``, and after the step points
+    each at its result with ``set_``. Per worker, per step: the results and the gradients as the
+    caller held them just before ``set_`` (numpy). ``poison``: (rank, step) whose first gradient
+    gets a NaN. ``copying``: an adapter that never writes into a tensor (``writable`` False): the
+    way error feedback went before it could write into the gradient."""
+    import torch
+
+    from frameworks.torch.ops import TorchOps
+
+    class CopyingOps(TorchOps):
+        def writable(self, x):
+            return False
+
+    ops = CopyingOps() if copying else TorchOps()
+    group = InProcessGroup(2)
+    names = [f"t{i}" for i in range(len(grads(0, 0)))]
+    results = [[] for _ in pipelines]
+    after = [[] for _ in pipelines]
+    barrier = threading.Barrier(2, timeout=60)
+
+    def run(rank):
+        pipeline, worker = pipelines[rank], group.worker(rank)
+        held = [torch.zeros(x.shape) for x in grads(rank, 0)]
+        for step in range(steps):
+            for h, x in zip(held, grads(rank, step)):
+                h.zero_()  # the result of the last step, as p.grad holds it now
+                h.add_(torch.from_numpy(x))
+            if poison == (rank, step):
+                held[0][3, 5] = float("nan")
+            buckets = pipeline.buckets([(tuple(x.shape), "float32") for x in held], ops)
+            started = [pipeline.start_bucket([held[i].detach() for i in b], [names[i] for i in b],
+                                             worker, ops, overwrite=overwrite) for b in buckets]
+            out = [None] * len(held)
+            for b, res in zip(buckets, pipeline.finish_step(started, worker, 0.5)):
+                for i, r in zip(b, res):
+                    out[i] = r
+            after[rank].append([h.numpy().copy() for h in held])
+            results[rank].append([r.numpy().copy() for r in out])
+            for h, r in zip(held, out):
+                h.set_(r)
+            barrier.wait()
+    run_threads([lambda r=r: run(r) for r in range(2)])
+    return results, after
+
+
+def state_arrays(pipeline) -> dict:
+    import torch
+
+    flat = {}
+    for part, tensors in pipeline.state_dict().items():
+        if isinstance(tensors, dict):
+            for key, by_name in tensors.items():
+                if isinstance(by_name, dict):
+                    for name, value in by_name.items():
+                        if isinstance(value, torch.Tensor):
+                            flat[f"{part}.{key}.{name}"] = value.numpy().copy()
+    return flat
+
+
+def assert_same_state(a_pipelines, b_pipelines) -> None:
+    for a_pipeline, b_pipeline in zip(a_pipelines, b_pipelines):
+        a, b = state_arrays(a_pipeline), state_arrays(b_pipeline)
+        assert a.keys() == b.keys() and a
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+# Every memory that keeps state (residual, delayed, momentum, efsignsgd, powersgd, dgc), at both
+# granularities (PowerSGD compresses matrices: not a joined bucket).
+KEEPING_STATE = ["topk", "randomk", "dgc", "efsignsgd", "powersgd", "onebit", "threshold", "sketch",
+                 "inceptionn", "adaq", "twobit"]
+
+
+@pytest.mark.parametrize("name,granularity", [(n, g) for n in KEEPING_STATE for g in ("layer", "bucket")
+                                              if (n, g) != ("powersgd", "bucket")])
+def test_error_feedback_written_into_the_gradients_computes_the_same_bits(name, granularity):
+    """Handing the gradients over to be written into (``overwrite=True``, as the PyTorch wrapper
+    does: Horovod's allreduce writes over them too) must change where error feedback adds its
+    residual, nothing else: over four steps of the wrapper's handling (its gradient tensors
+    zeroed and refilled each step, pointed at the results with ``set_``) the same results and the
+    same kept state on both workers, bit for bit, as error feedback that never writes into a
+    tensor; the caller's gradients are written where a residual memory compresses them (else
+    nothing was saved), and left alone without ``overwrite``."""
+    def build():
+        return [grace.build(name, min_numel=1024, granularity=granularity) for _ in range(2)]
+
+    baseline, written, unwritten = build(), build(), build()
+    expected, _ = torch_exchange(baseline, 4, overwrite=True, copying=True)
+    got, written_after = torch_exchange(written, 4, overwrite=True)
+    kept, kept_after = torch_exchange(unwritten, 4, overwrite=False)
+    for rank in range(2):
+        for step in range(4):
+            for want, a, b in zip(expected[rank][step], got[rank][step], kept[rank][step]):
+                np.testing.assert_array_equal(a, want)
+                np.testing.assert_array_equal(b, want)
+            if granularity == "layer":
+                for held, given in zip(kept_after[rank][step], gradients(rank, step)):
+                    np.testing.assert_array_equal(held, given)
+    assert_same_state(baseline, written)
+    assert_same_state(baseline, unwritten)
+    if granularity == "layer" and name in ("topk", "randomk"):
+        # Sent sparse every step (the others may send a tensor dense some steps, or encode it
+        # otherwise). At "bucket" it is the joined vector, the pipeline's own, that is written.
+        assert any(not np.array_equal(held, given)
+                   for held, given in zip(written_after[0][2], gradients(0, 2)))
+
+
+def test_a_gradient_that_cannot_be_written_into_is_left_as_it_is():
+    """``overwrite`` lets error feedback write only where the adapter can: a gradient autograd
+    still tracks, or a view that is not contiguous (another tensor's memory read with strides),
+    is compensated into a tensor of its own, and the results are those of the copying way."""
+    import torch
+
+    from frameworks.torch.ops import TorchOps
+
+    ops = TorchOps()
+    base = torch.randn(64, 80)
+    strided = base.T  # not contiguous
+    tracked = torch.randn(80, 64, requires_grad=True)
+    assert not ops.writable(strided) and not ops.writable(tracked) and ops.writable(base.clone())
+    memory = grace.build("topk", min_numel=0).memory
+    residual = torch.randn(80, 64)
+    memory.residuals["w"] = residual.clone()
+    for given in (strided, tracked):
+        before = given.detach().clone()
+        out = memory.compensate(given, "w", ops, overwrite=True)
+        np.testing.assert_array_equal(given.detach().numpy(), before.numpy())
+        np.testing.assert_array_equal(out.detach().numpy(), (before + residual).numpy())
+    mine = torch.randn(80, 64)
+    out = memory.compensate(mine, "w", ops, overwrite=True)
+    assert out.data_ptr() == mine.data_ptr()  # written where it lies
+
+
+@pytest.mark.parametrize("name", ["topk", "randomk", "dgc"])
+@pytest.mark.parametrize("granularity", ["layer", "bucket"])
+def test_a_nan_in_a_gradient_written_into_still_drops_the_step(name, granularity):
+    """The non-finite flag is read from the gradient before error feedback writes into it: top-k
+    picks the NaN (its magnitude counts as infinite) and its residual zeroes it, so a flag read
+    afterwards would miss it. The step's results are NaN and no state is written, on both
+    workers: the state is that of a run that never had the NaN step, and the results before it
+    are the copying way's."""
+    def build():
+        return [grace.build(name, min_numel=1024, granularity=granularity) for _ in range(2)]
+
+    poisoned, clean = build(), build()
+    results, _ = torch_exchange(poisoned, 2, overwrite=True, poison=(1, 1))
+    expected, _ = torch_exchange(clean, 1, overwrite=True, copying=True)
+    for rank in range(2):
+        for a, b in zip(results[rank][0], expected[rank][0]):
+            np.testing.assert_array_equal(a, b)
+        assert all(np.isnan(r).all() for r in results[rank][1] if r.size)
+    assert_same_state(clean, poisoned)

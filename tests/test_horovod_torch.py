@@ -126,7 +126,23 @@ def test_groups_start_a_group_together(gloo_run):
 
 
 def test_synchronize_then_clip_then_skip_synchronize(gloo_run):
-    check(gloo_run, "topk_clip", reference.simulate(reference.topk_with_residual(0.05), clip=0.05))
+    infos = check(gloo_run, "topk_clip", reference.simulate(reference.topk_with_residual(0.05),
+                                                             clip=0.05))
+    assert all(info["warnings"] == [] for info in infos)  # the documented way: nothing to say
+
+
+def test_gradients_changed_while_their_exchange_is_under_way_are_told_once(gloo_run):
+    """Clipping between backward and step, without synchronize() first, writes into the
+    gradients the exchange took over (error feedback's memory for the next step is there): every
+    worker warns once over the run, naming the tensors and the way to do it; the weights still
+    move alike on both workers (what the step did is the same everywhere)."""
+    weights, infos = load(gloo_run, "topk_clip_early")
+    for info in infos:
+        assert len(info["warnings"]) == 1, info["warnings"]
+        line = info["warnings"][0]
+        assert "grace: the gradients of " in line and "weight" in line
+        assert "between backward and synchronize()" in line and "skip_synchronize()" in line
+    np.testing.assert_array_equal(weights[1]["w"], weights[0]["w"])
 
 
 def test_broadcast_parameters_and_optimizer_state(gloo_run):

@@ -127,6 +127,19 @@ class TorchOps(Ops):
     def add(self, a, b):
         return a + b
 
+    def add_into(self, a, b):
+        if (self.writable(a) and a.dtype == b.dtype and a.shape == b.shape
+                and a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()):
+            return a.add_(b)  # the same kernel as ``a + b``: the same bits
+        return a + b
+
+    def writable(self, x):
+        # Not a tensor autograd tracks, and one that is all of its memory: a view into a larger
+        # buffer (a flat gradient buffer, an expanded or strided view) is another tensor's too.
+        return (not x.requires_grad and not x.is_sparse and x.is_contiguous()
+                and x.storage_offset() == 0
+                and x.untyped_storage().nbytes() == x.numel() * x.element_size())
+
     def sub(self, a, b):
         return a - b
 

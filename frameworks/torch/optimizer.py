@@ -57,6 +57,8 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         self._group_of: dict = {}  # parameter -> its param group, as the groups are this step
         self._updates_given: dict = {}  # parameter -> its update and version, as synchronize() left them
         self._warned_updates_changed = False
+        self._handed: list = []  # (parameter, its gradient as handed over, its version then)
+        self._warned_written = False
         self._rate_checked = False
         self._buckets: list[tuple] = []
         self._bucket_of: dict = {}
@@ -192,8 +194,16 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         started = [([i], self._pipeline.start_sparse(grads[i], names[i], self._collectives, _OPS))
                    for i, g in enumerate(grads) if isinstance(g, Rows)]
         if dense:
+            # The gradients are the exchange's to write over, as Horovod's in-place allreduce
+            # does: synchronize() replaces each p.grad's storage with its result. Each goes in as
+            # an alias (detach()), so that set_ on p.grad leaves what error feedback kept alone;
+            # one autograd tracks (backward(create_graph=True)) as it is, never written into.
+            handed = [grads[i] if grads[i].requires_grad else grads[i].detach() for i in dense]
             started.append((dense, self._pipeline.start_bucket(
-                [grads[i] for i in dense], [names[i] for i in dense], self._collectives, _OPS)))
+                handed, [names[i] for i in dense], self._collectives, _OPS, overwrite=True)))
+            # Their versions now, to tell in synchronize() whether the script wrote into them in
+            # between (the memory error feedback keeps for the next step is there).
+            self._handed.extend((bucket[i], t, t._version) for i, t in zip(dense, handed))
         self._started[index] = started
 
     def _make_hook(self, p):
@@ -221,6 +231,7 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         return 1.0
 
     def _reset_step(self) -> None:
+        self._handed.clear()
         self._touched.clear()
         self._done.clear()
         self._started.clear()
@@ -235,6 +246,16 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         for index in range(len(self._buckets)):
             if index not in self._started:  # some gradient did not come from backward's hooks
                 self._start_bucket(index)
+        written = [self._parameter_names[p] for p, t, version in self._handed if t._version != version]
+        if written and not self._warned_written:
+            self._warned_written = True  # once per wrapper, on every worker, as Horovod warns
+            warnings.warn(
+                f"grace: the gradients of {', '.join(written[:3])}{' ...' if len(written) > 3 else ''} "
+                f"were written between backward and synchronize() (clipped, unscaled or changed "
+                f"in place) while their exchange was under way: the change is in what error "
+                f"feedback keeps for the next step, not in this step's result. Call "
+                f"optimizer.synchronize() first, then change the gradients, then step under "
+                f"optimizer.skip_synchronize(), as with Horovod", stacklevel=2)
         # One verdict for the step: an Inf or NaN anywhere drops every tensor's state writes.
         started = [(index, positions, exchange) for index in range(len(self._buckets))
                    for positions, exchange in self._started[index]]

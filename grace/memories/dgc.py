@@ -26,13 +26,14 @@ class DGCMemory(MomentumMemory):
             raise ValueError(f"clip_norm must be a number > 0 or None, got {clip_norm!r}")
         self.clip_norm = clip_norm
 
-    def compensate(self, tensor, name, ops):
+    def compensate(self, tensor, name, ops, overwrite=False):
         if self.clip_norm is not None:
             norm = ops.norm(ops.flatten(tensor))
             factor = ops.minimum(ops.div(ops.full(1, self.clip_norm, ops.dtype(tensor), like=tensor),
                                          ops.maximum(norm, TINY)), 1.0)
             tensor = ops.mul(tensor, ops.reshape(factor, [1] * len(ops.shape(tensor))))
-        return super().compensate(tensor, name, ops)
+            overwrite = True  # a tensor of its own now
+        return super().compensate(tensor, name, ops, overwrite)
 
     def update(self, compensated, name, compressor, payload, ctx, ops):
         # Masking: the residual and the velocity zeroed where entries were sent, each in one copy;

@@ -35,8 +35,11 @@ class MomentumMemory(OwnsMomentum, ResidualMemory):
             return steps.scaled_sum(ops, velocity, tensor, alpha=self.momentum, beta=1.0)
         return velocity
 
-    def compensate(self, tensor, name, ops):
-        return super().compensate(self.velocity_step(tensor, name, ops), name, ops)
+    def compensate(self, tensor, name, ops, overwrite=False):
+        # The velocity is state: never written into. Without momentum it is the gradient itself.
+        plain = self.momentum == 0.0 and self.dampening == 0.0
+        return super().compensate(self.velocity_step(tensor, name, ops), name, ops,
+                                  overwrite and plain)
 
     def __repr__(self):
         params = ", ".join(f"{k}={v!r}" for k, v in self.momentum_params().items())

@@ -16,10 +16,13 @@ class ResidualMemory(Memory):
     def __init__(self):
         self.residuals: dict = {}
 
-    def compensate(self, tensor, name, ops):
+    def compensate(self, tensor, name, ops, overwrite=False):
         residual = self.state_store.load(ops, self.residuals, name, like=tensor)
-        # A tensor of its own either way, which ``update`` may turn into the residual in place.
-        return ops.copy(tensor) if residual is None else ops.add(tensor, residual)
+        # A tensor of its own either way, which ``update`` may turn into the residual in place:
+        # with ``overwrite``, the gradient's own (no full-size tensor made per step).
+        if residual is None:
+            return tensor if overwrite and ops.writable(tensor) else ops.copy(tensor)
+        return ops.add_into(tensor, residual) if overwrite else ops.add(tensor, residual)
 
     def update(self, compensated, name, compressor, payload, ctx, ops):
         residual = compressor.residual(compensated, payload, ctx, ops, overwrite=True)
@@ -54,10 +57,10 @@ class DelayedResidualMemory(OwnsMomentum, ResidualMemory):
         self._init_momentum(None)
         self.turned_off = 0.0
 
-    def compensate(self, tensor, name, ops):
+    def compensate(self, tensor, name, ops, overwrite=False):
         if self.moments is not None:
             self.moments.observe(tensor, name, ops)
-        return super().compensate(tensor, name, ops)
+        return super().compensate(tensor, name, ops, overwrite)
 
     def take_momentum(self, found: OptimizerMomentum) -> None:
         self.turned_off = found.momentum  # self.momentum stays 0

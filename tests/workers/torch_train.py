@@ -38,7 +38,8 @@ rank = hvd.rank()
 
 
 def train(name, make_compression, steps=args.steps, op=None, passes=1, optimizer="sgd",
-          clip=None, broadcast=False, seed=0, lr=LR, groups=None, predivide=1.0, loss_scale=1.0):
+          clip=None, broadcast=False, seed=0, lr=LR, groups=None, predivide=1.0, loss_scale=1.0,
+          clip_early=None):
     model = torch_linear(seed + (rank if broadcast else 0))
     if optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -66,25 +67,39 @@ def train(name, make_compression, steps=args.steps, op=None, passes=1, optimizer
     if broadcast:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(opt, root_rank=0)
-    for step in range(steps):
-        opt.zero_grad()
-        for micro in range(passes):
-            x, y = batch(rank, step * passes + micro)
-            loss = torch.nn.functional.mse_loss(model(torch.from_numpy(x)), torch.from_numpy(y))
-            (loss * loss_scale).backward()
-        if clip is not None:
-            opt.synchronize()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-            with opt.skip_synchronize():
-                opt.step()
-        else:
-            opt.step()
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(steps):
+            one_step(model, opt, step, passes, loss_scale, clip, clip_early)
+    info["warnings"] = [str(w.message) for w in caught if "grace:" in str(w.message)]
     if info["grace"]:
         info["stats"] = opt.compression_stats()
     np.savez(os.path.join(args.outdir, f"{name}.rank{rank}.npz"),
              w=model.weight.detach().numpy(), b=model.bias.detach().numpy())
     with open(os.path.join(args.outdir, f"{name}.rank{rank}.json"), "w") as f:
         json.dump(info, f)
+
+
+def one_step(model, opt, step, passes, loss_scale, clip, clip_early):
+    """``clip``: clipped as Horovod documents (synchronize, clip, step); ``clip_early``: clipped
+    between backward and step, while the exchange is under way (a script's mistake)."""
+    opt.zero_grad()
+    for micro in range(passes):
+        x, y = batch(rank, step * passes + micro)
+        loss = torch.nn.functional.mse_loss(model(torch.from_numpy(x)), torch.from_numpy(y))
+        (loss * loss_scale).backward()
+    if clip_early is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_early)
+        opt.step()
+    elif clip is not None:
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        with opt.skip_synchronize():
+            opt.step()
+    else:
+        opt.step()
 
 
 def waiting(name):
@@ -158,6 +173,7 @@ else:
                                          lambda: grace.twobit(0.05, relative=False)),
         "none_passes2": lambda: train("none_passes2", lambda: grace.none(), passes=2),
         "topk_clip": lambda: train("topk_clip", lambda: grace.topk(0.05), clip=0.05),
+        "topk_clip_early": lambda: train("topk_clip_early", lambda: grace.topk(0.05), clip_early=0.05),
         "topk_groups": lambda: train("topk_groups", lambda: grace.topk(0.05), groups=1),
         # Horovod's semantics with state in the pipeline: accumulation before a stateful
         # compressor, the vote summed, predivision where it matters (gradients beyond float16's
