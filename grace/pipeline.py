@@ -3,6 +3,7 @@ and the fused exchange of buckets of tensors."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Generator, Sequence
 
@@ -26,6 +27,18 @@ from grace.sparse import RowResidual, Rows, RowsCodec, RowVelocity, payload_byte
 from grace.state import StateStore, plain
 
 GRANULARITIES = ("layer", "bucket")
+
+
+def takes_overwrite(memory: Memory) -> bool:
+    """Whether ``memory.compensate`` takes ``overwrite`` (a memory written before it was, with
+    ``compensate(tensor, name, ops)``, keeps working: it is called as it was written)."""
+    kind = type(memory)
+    if kind not in _TAKES_OVERWRITE:
+        _TAKES_OVERWRITE[kind] = "overwrite" in inspect.signature(kind.compensate).parameters
+    return _TAKES_OVERWRITE[kind]
+
+
+_TAKES_OVERWRITE: dict[type, bool] = {}
 
 
 @dataclass
@@ -539,9 +552,9 @@ class Pipeline:
         with self.state_store.within(entry.transaction):
             if count:
                 self.state_store.counter(ops, self._exchanges, entry.name)
-            if entry.owned:
+            if entry.owned and takes_overwrite(entry.memory):
                 entry.compensated = entry.memory.compensate(source, entry.name, ops, overwrite=True)
-            else:  # as a Memory written before ``overwrite`` was is called
+            else:  # as a Memory written before ``overwrite`` was is called: three arguments
                 entry.compensated = entry.memory.compensate(source, entry.name, ops)
         self.state_store.counter(ops, self._counters, "bytes_dense",
                                  ops.numel(source) * ops.itemsize(ops.dtype(source)))

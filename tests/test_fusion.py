@@ -435,6 +435,21 @@ def test_a_gradient_that_cannot_be_written_into_is_left_as_it_is():
     mine = torch.randn(80, 64)
     out = memory.compensate(mine, "w", ops, overwrite=True)
     assert out.data_ptr() == mine.data_ptr()  # written where it lies
+    # Views into a larger buffer (a flat gradient buffer's pieces, at its start and further in)
+    # are another tensor's memory too: neither compensate (with a residual kept, or on the first
+    # step, without) nor the residual's zeroing writes into the buffer.
+    flat = torch.randn(3 * 5120)
+    pristine = flat.clone()
+    for view in (flat[:5120].view(80, 64), flat[5120:10240].view(80, 64)):
+        assert not ops.writable(view)
+        for kept in (residual.clone(), None):
+            fresh = grace.build("topk", min_numel=0)
+            if kept is not None:
+                fresh.memory.residuals["w"] = kept
+            compensated = fresh.memory.compensate(view, "w", ops, overwrite=True)
+            payload, ctx = fresh.compressor.compress(compensated, "w", ops)
+            fresh.memory.update(compensated, "w", fresh.compressor, payload, ctx, ops)
+            np.testing.assert_array_equal(flat.numpy(), pristine.numpy())
 
 
 @pytest.mark.parametrize("name", ["topk", "randomk", "dgc"])
@@ -456,3 +471,40 @@ def test_a_nan_in_a_gradient_written_into_still_drops_the_step(name, granularity
             np.testing.assert_array_equal(a, b)
         assert all(np.isnan(r).all() for r in results[rank][1] if r.size)
     assert_same_state(clean, poisoned)
+
+
+def test_a_memory_written_with_three_arguments_keeps_working_where_gradients_are_handed_over():
+    """``Memory.compensate`` gained ``overwrite``; a memory written before, with
+    ``compensate(tensor, name, ops)``, is called as it was written, also where the PyTorch
+    wrapper hands its gradients over to be written into: the same results as grace's own
+    residual memory, and the caller's gradients are not written (it makes tensors of its own)."""
+    from grace.communicators.allgather import Allgather
+    from grace.compressors.topk import TopK
+    from grace.memory import Memory
+    from grace.pipeline import Pipeline
+
+    class OldResidual(Memory):
+        name = "old_residual"
+
+        def __init__(self):
+            self.residuals = {}
+
+        def compensate(self, tensor, name, ops):
+            kept = self.residuals.get(name)
+            return ops.copy(tensor) if kept is None else ops.add(tensor, kept)
+
+        def update(self, compensated, name, compressor, payload, ctx, ops):
+            self.residuals[name] = compressor.residual(compensated, payload, ctx, ops)
+
+    for granularity, overwrite in (("layer", True), ("bucket", True), ("bucket", False)):
+        old = [Pipeline(TopK(0.05), OldResidual(), Allgather(), min_numel=1024,
+                        granularity=granularity) for _ in range(2)]
+        new = [grace.topk(0.05, min_numel=1024, granularity=granularity) for _ in range(2)]
+        got, after = torch_exchange(old, 3, overwrite=overwrite)
+        want, _ = torch_exchange(new, 3, overwrite=overwrite, copying=True)
+        for rank in range(2):
+            for step in range(3):
+                for a, b in zip(got[rank][step], want[rank][step]):
+                    np.testing.assert_array_equal(a, b)
+                for held, given in zip(after[rank][step], gradients(rank, step)):
+                    np.testing.assert_array_equal(held, given)

@@ -142,6 +142,7 @@ def test_gradients_changed_while_their_exchange_is_under_way_are_told_once(gloo_
         line = info["warnings"][0]
         assert "grace: the gradients of " in line and "weight" in line
         assert "between backward and synchronize()" in line and "skip_synchronize()" in line
+        assert "what error feedback keeps for the next step" in line
     np.testing.assert_array_equal(weights[1]["w"], weights[0]["w"])
 
 

@@ -201,9 +201,9 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
             handed = [grads[i] if grads[i].requires_grad else grads[i].detach() for i in dense]
             started.append((dense, self._pipeline.start_bucket(
                 handed, [names[i] for i in dense], self._collectives, _OPS, overwrite=True)))
-            # Their versions now, to tell in synchronize() whether the script wrote into them in
-            # between (the memory error feedback keeps for the next step is there).
-            self._handed.extend((bucket[i], t, t._version) for i, t in zip(dense, handed))
+            # The gradients' versions now, to tell in synchronize() whether the script wrote into
+            # them in between (what error feedback keeps for the next step may be there).
+            self._handed.extend((bucket[i], bucket[i].grad, bucket[i].grad._version) for i in dense)
         self._started[index] = started
 
     def _make_hook(self, p):
@@ -252,10 +252,11 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
             warnings.warn(
                 f"grace: the gradients of {', '.join(written[:3])}{' ...' if len(written) > 3 else ''} "
                 f"were written between backward and synchronize() (clipped, unscaled or changed "
-                f"in place) while their exchange was under way: the change is in what error "
-                f"feedback keeps for the next step, not in this step's result. Call "
-                f"optimizer.synchronize() first, then change the gradients, then step under "
-                f"optimizer.skip_synchronize(), as with Horovod", stacklevel=2)
+                f"in place) while their exchange was under way: the change reaches what error "
+                f"feedback keeps for the next step, or this step's result, or nothing, depending "
+                f"on the compressor and on timing. Call optimizer.synchronize() first, then "
+                f"change the gradients, then step under optimizer.skip_synchronize(), as with "
+                f"Horovod", stacklevel=2)
         # One verdict for the step: an Inf or NaN anywhere drops every tensor's state writes.
         started = [(index, positions, exchange) for index in range(len(self._buckets))
                    for positions, exchange in self._started[index]]
