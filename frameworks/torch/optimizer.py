@@ -57,7 +57,7 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         self._group_of: dict = {}  # parameter -> its param group, as the groups are this step
         self._updates_given: dict = {}  # parameter -> its update and version, as synchronize() left them
         self._warned_updates_changed = False
-        self._handed: list = []  # (parameter, its gradient as handed over, its version then)
+        self._handed: list = []  # (parameter, its p.grad when its bucket started, its version then)
         self._warned_written = False
         self._rate_checked = False
         self._buckets: list[tuple] = []
