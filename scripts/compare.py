@@ -389,23 +389,18 @@ def main(argv=None) -> list[dict]:
         rates = ["unshaped (localhost)"]
     os.makedirs(args.out, exist_ok=True)
 
-    one_pass = [(w, fw, ALONE, ALONE, 1) for w in names for fw in frameworks] if args.alone else []
+    one_pass = [(w, fw, "fp32", ALONE, 1) for w in names for fw in frameworks] if args.alone else []
     one_pass += list(itertools.product(names, frameworks, compressions, rates, workers))
     matrix = [(repeat, *run) for repeat in range(args.repeats) for run in one_pass]
     results = []
     started = time.time()
     with tqdm(matrix, desc="runs", unit="run") as bar:
         for repeat, workload, fw, comp, rate, n in bar:
-            alone = comp == ALONE
-            comp = "fp32" if alone else comp
-            shown = ALONE if alone else rate
-            bar.set_postfix_str(f"{workload} {fw} {label(comp)} {shown} {n}w #{repeat + 1}")
+            bar.set_postfix_str(f"{workload} {fw} {label(comp)} {rate} {n}w #{repeat + 1}")
             extra = (("--seed", str(args.seed)) if args.seed else ()) + (
                 ("--optimizer", "adam") if args.optimizer == "adam" else ())
-            row = run_one(fw, workload, comp, (ALONE if alone else rate) if emulate else None, n,
-                          args, emulate, extra)
-            row.update(rate=shown, seed=args.seed,
-                       optimizer=args.optimizer, repeat=repeat)
+            row = run_one(fw, workload, comp, rate if emulate else None, n, args, emulate, extra)
+            row.update(rate=rate, seed=args.seed, optimizer=args.optimizer, repeat=repeat)
             results.append(row)
             flat = flatten(row)
             bar.write(f"{workload:8s} {fw:5s} {flat['compression']:28s} {row['rate']:10s} {n}w #{repeat + 1} "
@@ -496,7 +491,8 @@ def write_outputs(results: list[dict], out: str, started: float) -> list[dict]:
     results.json keeps every repeat; the tables and plots show their medians."""
     every = results
     results = medians(results)
-    rows = [flatten(r, alone_limits(results)) for r in results]
+    limits = alone_limits(results)
+    rows = [flatten(r, limits) for r in results]
     with open(os.path.join(out, "results.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
         writer.writeheader()
