@@ -1,7 +1,7 @@
 # The two commands of the README: `make run` and `make test`. Both set up first (idempotent, cached).
 PY := .venv/bin/python
 
-.PHONY: setup run test lint soak compare quality bench clean
+.PHONY: setup run test test-cuda lint soak compare quality bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -10,7 +10,11 @@ run: setup
 	$(PY) scripts/run_main.py
 
 test: setup lint
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider tests --ignore=tests/cuda
+
+# The CUDA path (tests/cuda), on a machine with a GPU and PyTorch built for it; no Horovod needed.
+test-cuda:
+	python3 -m pytest -q -p no:cacheprovider tests/cuda
 
 soak: setup
 	$(PY) scripts/soak.py

@@ -60,10 +60,23 @@ for _builder in (build, from_params, *(globals()[name] for name in available()))
     internals.called_unconverted(_builder)  # inside a traced step, called as they are
 del _builder
 
+# The DDP communication hook (``ddp.register_comm_hook(grace.topk(0.01), grace.ddp_hook)``) needs
+# torch: imported on first use, so that ``import grace`` needs neither torch nor Horovod.
+_LAZY = {"ddp_hook": "frameworks.torch.ddp", "DDPState": "frameworks.torch.ddp"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'grace' has no attribute {name!r}")
+
+
 __all__ = [
     "Collectives", "Communicator", "Compressor", "Context", "Memory", "Ops", "Pipeline",
     "DEFAULT_MIN_NUMEL", "available", "build", "compressor_params", "from_params", "ops_for",
     "none", "fp16", "bf16", "topk", "randomk", "threshold", "dgc", "qsgd", "terngrad", "onebit",
     "signsgd", "signum", "efsignsgd", "natural", "powersgd", "u8bit", "sketch", "adaq", "inceptionn",
-    "twobit",
+    "twobit", "ddp_hook", "DDPState",
 ]

@@ -37,6 +37,10 @@ class Collectives(Protocol):
     def allgather_async(self, tensor: Tensor, name: str) -> Handle:
         """Start concatenating every worker's 1-d ``tensor``, in rank order (lengths may differ)."""
 
+    # Optional: ``allgather_equal_async(tensor, name)``, ``allgather_async`` where every worker's
+    # tensor has the same length, for a layer that must otherwise exchange the lengths first
+    # (``frameworks/torch/distributed.py``); the communicators call it where it exists.
+
     def broadcast_async(self, tensor: Tensor, root: int, name: str) -> Handle:
         """Start sending ``root``'s ``tensor`` to every worker (the others pass a same-shaped one)."""
 

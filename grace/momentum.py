@@ -91,19 +91,21 @@ class OwnsMomentum:
                 f"({self.momentum_param} {self.default_momentum}): the optimizer's own applies, "
                 f"after the exchange; pass {self.momentum_param}= to give it one")
 
-    def unseen_optimizer_line(self, compressor: str) -> str | None:
-        """What the wrapper logs once where it sees no optimizer (``DistributedGradientTape``), so
-        that none is taken over: the momentum this part applies itself, or how to give it one.
-        ``None`` where the user gave the momentum explicitly."""
+    def unseen_optimizer_line(self, compressor: str, wrapper: str = "DistributedGradientTape"
+                              ) -> str | None:
+        """What the wrapper logs once where it sees no optimizer (``DistributedGradientTape``, a DDP
+        communication hook: ``wrapper`` names it), so that none is taken over: the momentum this
+        part applies itself, or how to give it one. ``None`` where the user gave the momentum
+        explicitly."""
         if self.momentum_given is not None:
             return None
         if self.momentum:
             return (f"grace: {compressor} applies its own momentum ({self.momentum_param} "
-                    f"{self.momentum}) before compression, and DistributedGradientTape sees no "
+                    f"{self.momentum}) before compression, and {wrapper} sees no "
                     f"optimizer to take it from: give the optimizer no momentum (it would apply "
                     f"twice), or pass {compressor}({self.momentum_param}=...) the value you want")
         return (f"grace: {compressor} applies the momentum itself, before compression, where it is "
-                f"given one, and DistributedGradientTape sees no optimizer to take it from: pass "
+                f"given one, and {wrapper} sees no optimizer to take it from: pass "
                 f"{compressor}({self.momentum_param}=0.9) and give the optimizer no momentum "
                 f"(applied after error feedback, an optimizer's momentum diverges with "
                 f"{compressor}: docs/quality.md)")

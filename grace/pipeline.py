@@ -283,19 +283,20 @@ class Pipeline:
         self._apply_momentum(part, found)
         return part.takeover_line(found, self.compressor.name)
 
-    def notices(self, size: int, optimizer_seen: bool = True) -> list[str]:
+    def notices(self, size: int, optimizer_seen: bool = True,
+                wrapper: str = "DistributedGradientTape") -> list[str]:
         """The sentences a wrapper logs once on rank 0 when it is built for a job of ``size``
         workers: each way this pipeline departs from what the user set and nothing else says
         (``take_momentum``'s and ``take_adam_moments``' own lines aside): a compressor's floor
         under its ratio, the route ``communicator="auto"`` takes at this size, a compressor's own
         momentum kept over an optimizer without one, and, where the wrapper sees no optimizer
-        (``optimizer_seen=False``: ``DistributedGradientTape``), the momentum a compressor applies
-        itself or needs to be given."""
+        (``optimizer_seen=False``: ``DistributedGradientTape``, or a DDP hook: ``wrapper`` names
+        it), the momentum a compressor applies itself or needs to be given."""
         lines = [self.compressor.notice(), self.communicator.notice(size, self.compressor.name),
                  *self._kept_notes]
         part = owner(self)
         if not optimizer_seen and part is not None and not self.keep_optimizer:
-            lines.append(part.unseen_optimizer_line(self.compressor.name))
+            lines.append(part.unseen_optimizer_line(self.compressor.name, wrapper))
         if self.keep_optimizer and part is not None:
             lines.append(part.dropped_default_line(self.compressor.name))
         if not optimizer_seen:

@@ -2,13 +2,16 @@
 by a veth pair whose two ends are rate-limited with ``tc`` (token bucket, ``tbf``), so each host has an
 uplink and a downlink of the chosen rate, as behind a switch port. Horovod workers are started on those
 hosts by Horovod's own Gloo launcher (``horovod.runner.gloo_run.launch_gloo``), given a command runner
-that enters the host's namespace (``ip netns exec``) instead of ``ssh``.
+that enters the host's namespace (``ip netns exec``) instead of ``ssh``. A PyTorch DDP job runs
+as on a real cluster: one ``torchrun`` per host, its rendezvous at host 0's address
+(``EmulatedCluster.torchrun``).
 
 Needs root (namespaces and ``tc``). Everything is torn down on exit, Ctrl-C and failure; names all
 start with ``grace-`` and addresses are in 10.231.0.0/16, inside namespaces this script created.
 
     sudo python scripts/cluster.py run --hosts 2 --rate 1gbit -- python scripts/compare_worker.py ...
     sudo python scripts/cluster.py run --hosts 2 --workers-per-host 2 -- python train.py
+    sudo python scripts/cluster.py torchrun --hosts 2 --workers-per-host 2 -- train_ddp.py  # DDP
     sudo python scripts/cluster.py iperf --rate 100mbit          # measure a shaped transfer
     sudo python scripts/cluster.py cleanup                       # remove leftovers of a killed run
 
@@ -214,6 +217,41 @@ class EmulatedCluster:
                                   hosts, "--server", self.addresses[0], "--np", str(np),
                                   *(["--pin"] if self.pin else []), "--", *command])
 
+    def torchrun_args(self, host: int, per_host: int, command: list[str], port: int = 29500
+                      ) -> list[str]:
+        """The command line that starts PyTorch's launcher (torchrun) inside host ``host`` for
+        ``per_host`` workers, node ``host`` of ``self.hosts``, its rendezvous at host 0's address;
+        every host runs its own (as on a real cluster). With ``pin``, on the host's cores. Gloo
+        then talks over the host's ``eth0``: set ``GLOO_SOCKET_IFNAME=eth0``."""
+        cores = []
+        if self.pin:
+            cores = ["taskset", "-c", ",".join(map(str, host_cpus(host, self.hosts)))]
+        return self.exec_args(host, [*cores, sys.executable, "-m", "torch.distributed.run",
+                                     f"--nnodes={self.hosts}", f"--node_rank={host}",
+                                     f"--nproc_per_node={per_host}",
+                                     f"--master_addr={self.addresses[0]}", f"--master_port={port}",
+                                     *command])
+
+    def torchrun(self, per_host: int, command: list[str], env: dict | None = None,
+                 timeout: float | None = None) -> tuple[int, str]:
+        """torchrun on every host at once (``torchrun_args``); the highest exit code and every
+        host's output, host by host."""
+        env = dict(os.environ if env is None else env)
+        env.setdefault("GLOO_SOCKET_IFNAME", "eth0")
+        procs = [subprocess.Popen(self.torchrun_args(h, per_host, command), env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for h in range(self.hosts)]
+        outputs = []
+        try:
+            for proc in procs:
+                outputs.append(proc.communicate(timeout=timeout)[0])
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+        return max(p.returncode for p in procs), "".join(
+            f"--- host {h} ---\n{out}" for h, out in enumerate(outputs))
+
 
 def launch(hosts: str, server: str, np: int, command: list[str], verbose: bool = False,
            pin: bool = False) -> None:
@@ -290,6 +328,13 @@ def main() -> None:
     run.add_argument("--no-pin", action="store_true",
                      help="leave the workers to the scheduler instead of each host's own cores")
     run.add_argument("command", nargs=argparse.REMAINDER)
+    trun = sub.add_parser("torchrun", help="build a cluster, run torchrun on every host (a DDP "
+                          "job), tear it down")
+    trun.add_argument("--hosts", type=int, default=2)
+    trun.add_argument("--rate", default="unshaped", help="tc rate per link, e.g. 100mbit, 1gbit")
+    trun.add_argument("--workers-per-host", type=int, default=1)
+    trun.add_argument("--no-pin", action="store_true")
+    trun.add_argument("command", nargs=argparse.REMAINDER)
     perf = sub.add_parser("iperf", help="measure a shaped link with one TCP transfer")
     perf.add_argument("--rate", default="100mbit")
     perf.add_argument("--mib", type=int, default=8)
@@ -314,6 +359,11 @@ def main() -> None:
             code = 1
         sys.stdout.flush()
         os._exit(code)  # the rendezvous server's threads would keep a plain exit waiting
+    elif args.cmd == "torchrun":
+        with EmulatedCluster(args.hosts, args.rate, pin=not args.no_pin) as cluster:
+            code, output = cluster.torchrun(args.workers_per_host, command)
+        print(output, end="")
+        sys.exit(code)
     elif args.cmd == "iperf":
         with EmulatedCluster(2, args.rate) as cluster:
             bps = measure_throughput(cluster, args.mib * 2**20)

@@ -28,12 +28,19 @@ def _order_statistics(x: torch.Tensor, ranks) -> torch.Tensor:
 
 
 def _ascending(positions: torch.Tensor, n: int) -> torch.Tensor:
-    """Distinct ``positions`` in ``[0, n)`` in ascending order, by a mask: linear, where a sort is
-    not."""
+    """Distinct ``positions`` in ``[0, n)`` in ascending order: on the CPU by a mask (linear, where
+    a sort is not); on a GPU by a sort, since reading the mask back (``nonzero``) makes the host
+    wait for the GPU."""
+    if positions.device.type != "cpu":
+        return torch.sort(positions).values
     mask = torch.zeros(n, dtype=torch.bool, device=positions.device)
     mask[positions] = True
     return torch.nonzero(mask).reshape(-1)
 
+
+_CONSTANTS: dict = {}
+CACHED_CONSTANT = 4096
+"""Constants of up to this many elements are kept per device (``TorchOps.constant``)."""
 
 WIDE_CHUNK = 1 << 20
 """Float64 sums of larger tensors run chunk by chunk: a float64 copy of a whole large gradient would
@@ -149,6 +156,13 @@ class TorchOps(Ops):
     def abs(self, x):
         return x.abs()
 
+    def topk_indices(self, x, k):
+        if x.device.type != "cpu":
+            # On a GPU the framework's top-k is fast, and the sampled threshold's candidates would
+            # have to be counted on the host (a wait for the GPU per tensor).
+            return self.full_topk_indices(x, k)
+        return super().topk_indices(x, k)
+
     def full_topk_indices(self, x, k):
         n = x.numel()
         return _ascending(torch.topk(x.abs(), k, sorted=False).indices, n).to(_dtype(index_dtype(n)))
@@ -184,7 +198,18 @@ class TorchOps(Ops):
         return torch.arange(n, dtype=_dtype(dtype), device=like.device)
 
     def constant(self, values, dtype, like):
-        return torch.as_tensor(values, dtype=_dtype(dtype), device=like.device).reshape(-1)
+        if like.device.type == "cpu":
+            return torch.as_tensor(values, dtype=_dtype(dtype)).reshape(-1)
+        # A copy from the host to a GPU waits for the GPU: each small constant is made once per
+        # device (they are read, never written).
+        values = np.asarray(values).reshape(-1)
+        key = (values.tobytes(), str(values.dtype), dtype, str(like.device))
+        if values.size > CACHED_CONSTANT or key not in _CONSTANTS:
+            made = torch.as_tensor(values, dtype=_dtype(dtype), device=like.device)
+            if values.size > CACHED_CONSTANT:
+                return made
+            _CONSTANTS[key] = made
+        return _CONSTANTS[key]
 
     def mul(self, a, b):
         return a * b

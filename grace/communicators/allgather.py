@@ -17,7 +17,12 @@ class Allgather(Communicator):
         parts = [((i, j), t, vary) for i, (payload, vary) in enumerate(zip(payloads, varies))
                  for j, t in enumerate(payload)]
         buffer, layout = pack_bytes(parts, flag, ops)
-        return Started((group.allgather_async(buffer, f"{tag}.gather"), layout,
+        gather = group.allgather_async
+        if not any(varies) and hasattr(group, "allgather_equal_async"):
+            # Every worker's buffer is as long as this one: a collectives layer that would first
+            # exchange the lengths (torch.distributed's) is told it need not.
+            gather = group.allgather_equal_async
+        return Started((gather(buffer, f"{tag}.gather"), layout,
                         [len(p) for p in payloads]), flag is not None, packed_bytes(parts, ops),
                        ops.nbytes(flag) if flag is not None else 0)
 

@@ -72,10 +72,11 @@ class DelayedResidualMemory(OwnsMomentum, ResidualMemory):
                 f"dense (under min_numel) keep it, applied before the exchange; the learning rate "
                 f"is unchanged")
 
-    def unseen_optimizer_line(self, compressor: str) -> str | None:
+    def unseen_optimizer_line(self, compressor: str, wrapper: str = "DistributedGradientTape"
+                              ) -> str | None:
         return (f"grace: {compressor}'s error feedback delays each element about 1/ratio steps, "
                 f"and an optimizer's momentum on those delayed updates diverges "
-                f"(docs/quality.md): DistributedGradientTape sees no optimizer to turn it off, so "
+                f"(docs/quality.md): {wrapper} sees no optimizer to turn it off, so "
                 f"give the optimizer no momentum")
 
     def __repr__(self):
