@@ -65,6 +65,7 @@ class Entry:
     result: Tensor | None = None
     owned: bool = False  # its source is read no more: error feedback may add into it
     flag: Tensor | None = None  # its non-finite flag, taken before error feedback wrote its source
+    plan: str | None = None  # how it travels, where its tensors' plan decided it (joined alike)
 
 
 @dataclass
@@ -155,6 +156,10 @@ class Pipeline:
     of one); ``"bucket"`` compresses a bucket's float tensors of one dtype as one vector (top-k over
     the bucket, one scale per bucket), as the theory of whole-model compression has it: its state
     is keyed by the bucket, so the buckets must be the same in every step.
+
+    An element-wise codec without state (``none``, ``fp16`` over allreduce) encodes a bucket's
+    tensors of one dtype and plan as one vector whatever the granularity: the same bits, with its
+    fixed costs (flag, encoding, decoding) paid once per bucket rather than per tensor.
 
     Tensors the compressor cannot help travel dense through allreduce, with no memory (``plan``):
     those with fewer than ``min_numel`` elements, those whose compressed payload would not be
@@ -499,6 +504,8 @@ class Pipeline:
         vector of the pipeline's own, which error feedback may write into)."""
         whole = [Entry(name, [i], [ops.shape(t)], t, owned=overwrite)
                  for i, (t, name) in enumerate(zip(tensors, names))]
+        if len(tensors) > 1 and self._joins_alike():
+            return self._joined_alike(whole, ops)
         if self.granularity == "layer" or len(tensors) == 1:
             return whole
         joined: dict[str, list[int]] = {}
@@ -513,11 +520,42 @@ class Pipeline:
                                  owned=True))  # ``Ops.concat`` makes a new tensor
         return entries
 
+    def _joins_alike(self) -> bool:
+        """Whether a bucket's tensors may be encoded as one vector, whatever the granularity, with
+        the same bits as one by one: an element-wise codec (a cast, or none) that keeps no state
+        (no memory, no momentum taken over, no warm-up to count per tensor), summed by allreduce.
+        Then each kind of tensor costs one encoding, one flag and one decoding per bucket instead
+        of per tensor: on a GPU, a dozen kernel launches per tensor (docs/performance.md)."""
+        return (self.compressor.elementwise and isinstance(self.memory, NoneMemory)
+                and type(self.communicator) is Allreduce and self._taken is None
+                and self._moments is None and not self.warmup_steps)
+
+    def _joined_alike(self, whole: list[Entry], ops: Ops) -> list[Entry]:
+        """``whole``'s float tensors joined into one entry per (dtype, plan), each entry keeping
+        its tensors' plan; the others (empty, integer) as they are."""
+        groups: dict[tuple[str, str], list[Entry]] = {}
+        kept = []
+        for entry in whole:
+            dtype = ops.dtype(entry.source)
+            plan = self.plan(tuple(ops.shape(entry.source)), dtype, ops)
+            if dtype in FLOAT_DTYPES and plan in ("dense", "compressed"):
+                groups.setdefault((dtype, plan), []).append(entry)
+            else:
+                kept.append(entry)
+        for (dtype, plan), members in groups.items():
+            if len(members) == 1:
+                kept.append(members[0])
+                continue
+            flat = ops.concat([ops.flatten(e.source) for e in members])
+            kept.append(Entry(f"joined.{members[0].name}.{plan}", [e.positions[0] for e in members],
+                              [e.shapes[0] for e in members], flat, owned=True, plan=plan))
+        return kept
+
     def _prepare(self, entry: Entry, group: Collectives, ops: Ops) -> None:
         """Decide how ``entry`` travels this step and encode it (a vote first, for a compressor
         that ``agrees_on_form``; in a traced graph the warm-up's choice is deferred)."""
         shape, dtype = ops.shape(entry.source), ops.dtype(entry.source)
-        plan = self.plan(shape, dtype, ops)
+        plan = entry.plan or self.plan(shape, dtype, ops)
         if plan == "empty":
             entry.ready = ops.copy(entry.source)
             return

@@ -189,6 +189,20 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def comparison(before: dict, after: dict) -> str:
+    """Two runs of the same hooks in one lease (before and after a change): each hook's img/s over
+    DDP's without a hook, in each."""
+    shares = [{r["hook"]: r["of_ddp"] for r in run["rows"]} for run in (before, after)]
+    lines = [f"ResNet-50, {after['device']}, batch {after['batch']} of {after['image']}x"
+             f"{after['image']}, one worker, two runs on one machine, median of {after['rounds']} "
+             f"interleaved rounds of {after['steps']} steps each", "",
+             "| hook | before: of DDP without a hook | after |", "|---|---:|---:|"]
+    for hook, share in shares[1].items():
+        if hook in shares[0]:
+            lines.append(f"| {hook} | {shares[0][hook]:.3f} | {share:.3f} |")
+    return "\n".join(lines)
+
+
 def plot(result: dict, path: str) -> None:
     """One bar per hook: img/s against DDP without a hook (one worker: the hook's own cost), or,
     on several hosts, per worker against one worker alone."""
@@ -236,12 +250,21 @@ def main() -> None:
     parser.add_argument("--json", help="write the figures (every round) to this file")
     parser.add_argument("--plot", help="bar chart of img/s over DDP's, PNG")
     parser.add_argument("--from-json", help="print the table of an earlier run's --json file")
+    parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
+                        help="print two earlier runs' --json files side by side")
     parser.add_argument("--hosts", type=int, default=0,
                         help="run on this many emulated hosts (scripts/cluster.py, as root), one "
                         "worker each, after one worker alone")
     parser.add_argument("--rate", default="1gbit", help="the emulated links' rate (--hosts)")
     parser.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.compare:
+        runs = []
+        for path in args.compare:
+            with open(path) as f:
+                runs.append(json.load(f))
+        print(comparison(*runs))
+        return
     if args.from_json:
         with open(args.from_json) as f:
             earlier = json.load(f)

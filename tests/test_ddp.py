@@ -287,3 +287,17 @@ def test_the_tables_in_the_docs_are_the_recorded_runs(run):
     table = doc[doc.index("\n", start) + 1:doc.index("<!-- end generated -->", start)].strip()
     with open(os.path.join(ROOT, "docs", "results", f"{run}.json")) as f:
         assert table == bench_ddp_hooks.markdown(json.load(f))
+
+
+def test_the_before_and_after_table_in_the_docs_is_the_recorded_runs():
+    import bench_ddp_hooks
+
+    doc = open(os.path.join(ROOT, "docs", "ddp.md")).read()
+    runs = ["docs/results/cuda/ab_before.json", "docs/results/cuda/ab_after.json"]
+    start = doc.index(f"<!-- generated: bench_ddp_hooks.py --compare {runs[0]} {runs[1]} -->")
+    table = doc[doc.index("\n", start) + 1:doc.index("<!-- end generated -->", start)].strip()
+    loaded = []
+    for run in runs:
+        with open(os.path.join(ROOT, run)) as f:
+            loaded.append(json.load(f))
+    assert table == bench_ddp_hooks.comparison(*loaded)

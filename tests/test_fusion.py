@@ -123,6 +123,34 @@ def test_one_collective_per_bucket_and_round(name):
     assert not any(n.endswith(".nonfinite") for _, n in calls)  # the flag rides in the payload
 
 
+@pytest.mark.parametrize("name, joined", [("none", True), ("fp16", True), ("topk", False),
+                                           ("qsgd", False)])
+def test_element_wise_codecs_without_state_encode_a_bucket_at_once(name, joined):
+    """none and fp16 encode a bucket's tensors of one dtype and plan as one vector (the results,
+    the same bits, are compared above): one encoding and one decoding per bucket, not per tensor.
+    Codecs with state or with blocks (top-k's residual, QSGD's scales) encode tensor by tensor."""
+    pipelines = [grace.build(name, min_numel=1024) for _ in range(2)]
+    calls = []
+    for pipeline in pipelines:  # the compressor, and the one of the tensors that travel dense
+        for codec in (pipeline.compressor, pipeline._dense_compressor):
+            original = codec.encode
+
+            def counted(flat, *args, original=original, **kwargs):
+                calls.append(flat.size)
+                return original(flat, *args, **kwargs)
+            codec.encode = counted
+    exchange(pipelines, steps=1)
+    sizes = [int(np.prod(s)) for s in SHAPES]
+    large, small = [n for n in sizes if n >= 1024], [n for n in sizes if n < 1024]
+    if name == "none":  # nothing is smaller encoded: every tensor travels dense, one vector
+        expected = [sum(sizes)]
+    elif joined:  # one vector of the compressed tensors, one of those below min_numel
+        expected = [sum(large), sum(small)]
+    else:
+        expected = sizes
+    assert sorted(calls) == sorted(expected * 2)
+
+
 @pytest.fixture(scope="module")
 def horovod_counts(tmp_path_factory):
     import json
