@@ -157,9 +157,9 @@ class Pipeline:
     the bucket, one scale per bucket), as the theory of whole-model compression has it: its state
     is keyed by the bucket, so the buckets must be the same in every step.
 
-    An element-wise codec without state (``none``, ``fp16`` over allreduce) encodes a bucket's
-    tensors of one dtype and plan as one vector whatever the granularity: the same bits, with its
-    fixed costs (flag, encoding, decoding) paid once per bucket rather than per tensor.
+    At ``granularity="layer"``, an element-wise codec without state (``none``, ``fp16`` over
+    allreduce) still encodes a bucket's tensors of one dtype and plan as one vector: the same bits,
+    with its fixed costs (flag, encoding, decoding) paid once per bucket rather than per tensor.
 
     Tensors the compressor cannot help travel dense through allreduce, with no memory (``plan``):
     those with fewer than ``min_numel`` elements, those whose compressed payload would not be
@@ -521,12 +521,14 @@ class Pipeline:
         return entries
 
     def _joins_alike(self) -> bool:
-        """Whether a bucket's tensors may be encoded as one vector, whatever the granularity, with
-        the same bits as one by one: an element-wise codec (a cast, or none) that keeps no state
-        (no memory, no momentum taken over, no warm-up to count per tensor), summed by allreduce.
-        Then each kind of tensor costs one encoding, one flag and one decoding per bucket instead
-        of per tensor: on a GPU, a dozen kernel launches per tensor (docs/performance.md)."""
-        return (self.compressor.elementwise and isinstance(self.memory, NoneMemory)
+        """Whether a bucket's tensors may be encoded as one vector at ``granularity="layer"`` (the
+        other granularity joins them anyway), with the same bits as one by one: an element-wise
+        codec (a cast, or none) that keeps no state (no memory, no momentum taken over, no warm-up
+        to count per tensor), summed by allreduce. Then each kind of tensor costs one encoding,
+        one flag and one decoding per bucket instead of per tensor: on a GPU, a dozen kernel
+        launches per tensor (docs/performance.md)."""
+        return (self.granularity == "layer" and self.compressor.elementwise
+                and isinstance(self.memory, NoneMemory)
                 and type(self.communicator) is Allreduce and self._taken is None
                 and self._moments is None and not self.warmup_steps)
 

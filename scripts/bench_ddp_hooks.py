@@ -144,28 +144,37 @@ def _command(args, hooks: str, out: str) -> list[str]:
 
 
 def on_cluster(args) -> dict:
-    """One worker alone (DDP without a hook, no communication) on host 0's cores, then every hook
-    on ``args.hosts`` emulated hosts, one worker each, one torchrun per host."""
+    """Every hook on ``args.hosts`` emulated hosts, one worker each, one torchrun per host, between
+    two runs of one worker alone (DDP without a hook, no communication) on host 0's cores: the
+    alone figure is the median of both runs' rounds, and each run's median is kept, to show the
+    drift over the measurement."""
     import subprocess
 
     import cluster
 
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS=str(args.threads),
                GRACE_LINK_RATE=args.rate)
+    cores = ",".join(map(str, cluster.host_cpus(0, args.hosts)))
+    alone = []
     with tempfile.TemporaryDirectory(prefix="grace-hooks-") as tmp:
-        alone_out, out = os.path.join(tmp, "alone.json"), os.path.join(tmp, "hosts.json")
-        cores = ",".join(map(str, cluster.host_cpus(0, args.hosts)))
-        subprocess.run(["taskset", "-c", cores, sys.executable,
-                        *_command(args, "ddp", alone_out)], env=env, check=True)
+        out = os.path.join(tmp, "hosts.json")
+
+        def one_alone(k):
+            path = os.path.join(tmp, f"alone{k}.json")
+            subprocess.run(["taskset", "-c", cores, sys.executable,
+                            *_command(args, "ddp", path)], env=env, check=True)
+            with open(path) as f:
+                alone.append(json.load(f)["rows"][0])
+        one_alone(0)
         with cluster.EmulatedCluster(args.hosts, args.rate) as hosts:
             code, output = hosts.torchrun(1, _command(args, args.hooks, out), env=env)
         if code:
             raise SystemExit(f"the workers failed:\n{output[-6000:]}")
-        with open(alone_out) as f:
-            alone = json.load(f)
+        one_alone(1)
         with open(out) as f:
             result = json.load(f)
-    result["alone"] = alone["rows"][0]["img_s"]
+    result["alone"] = statistics.median(r for run in alone for r in run["rounds"])
+    result["alone_runs"] = [run["img_s"] for run in alone]
     return result
 
 
@@ -174,9 +183,12 @@ def markdown(result: dict) -> str:
     where = ("one worker" if workers == 1 else
              f"{workers} workers on {workers} emulated hosts, links {result.get('rate')}")
     alone = result.get("alone")
+    runs = result.get("alone_runs")
+    before_after = ("" if not runs else f"; one worker alone {alone:.1f} img/s, the median of runs "
+                    f"before and after ({runs[0]:.1f} and {runs[1]:.1f})")
     lines = [f"ResNet-50, {result['device']}, batch {result['batch']} of {result['image']}x"
              f"{result['image']}, {where}, median of {result['rounds']} interleaved rounds of "
-             f"{result['steps']} steps (torch {result['torch']})", "",
+             f"{result['steps']} steps (torch {result['torch']}){before_after}", "",
              "| hook | img/s per worker | of DDP without a hook |"
              + (" of one worker alone |" if alone else ""),
              "|---|---:|---:|" + ("---:|" if alone else "")]

@@ -18,6 +18,7 @@ Tensors are never reduced in place: the pipeline may hold on to what it sent.
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,9 +46,17 @@ class DistributedCollectives:
     """The collectives of one ``torch.distributed`` process group (the default group when
     ``group`` is ``None``)."""
 
-    def __init__(self, group: Any = None):
-        self.group = group
+    def __init__(self, group: Any = None, weak: bool = False):
+        # A group grace made itself (``hosts``) is held weakly: PyTorch holds it until
+        # ``destroy_process_group()``, and a reference of grace's that outlived that (through a
+        # model's reference cycles, until the interpreter's exit) tore the group down after Gloo's
+        # own teardown, which aborted about one worker in twenty at exit.
+        self._group = weakref.ref(group) if weak and group is not None else (lambda: group)
         self._hosts: tuple | None = None
+
+    @property
+    def group(self) -> Any:
+        return self._group()
 
     @property
     def size(self) -> int:
@@ -147,5 +156,5 @@ def _host_groups(collectives: DistributedCollectives) -> tuple:
 
     def collectives_of(key):
         group = made[key]
-        return Solo() if group == "solo" else DistributedCollectives(group)
+        return Solo() if group == "solo" else DistributedCollectives(group, weak=True)
     return collectives_of(mine[0]), collectives_of(mine[1])
