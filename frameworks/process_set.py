@@ -34,12 +34,15 @@ HEAP_LINE = (f"grace: glibc's heap now keeps freed memory, process-wide (blocks 
              f"having fresh ones zeroed (docs/setup.md); {heap.ENV}=0 leaves glibc as it is")
 
 
-def announce(pipeline: Any, process_set, optimizer_seen: bool = True) -> None:
+def announce(pipeline: Any, process_set, optimizer_seen: bool = True,
+             wrapper: str = "DistributedGradientTape") -> None:
     """Set glibc's heap for the steps (``grace.heap``), and say once on rank 0 each way grace
-    departs from what the user set (``Pipeline.notices``), as every wrapper does when it is built."""
+    departs from what the user set (``Pipeline.notices``; ``wrapper`` names one that sees no
+    optimizer), as every wrapper does when it is built. ``process_set``: anything with Horovod's
+    process set's ``included()``, ``rank()`` and ``size()``."""
     if heap.keep_freed_memory():
         say_once(HEAP_LINE, process_set)
-    for line in pipeline.notices(process_set.size(), optimizer_seen):
+    for line in pipeline.notices(process_set.size(), optimizer_seen, wrapper):
         say_once(line, process_set)
 
 

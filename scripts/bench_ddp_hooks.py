@@ -23,10 +23,8 @@ compressed, as grace's ``min_numel=0`` would; grace's own default leaves matrice
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import json
 import os
-import signal
 import statistics
 import sys
 import tempfile
@@ -247,7 +245,6 @@ def plot(result: dict, path: str) -> None:
 
 
 def main() -> None:
-    faulthandler.register(signal.SIGUSR1)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
     parser.add_argument("--hooks", help="default: every hook (on the CPU, PyTorch's PowerSGD hooks "

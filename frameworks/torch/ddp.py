@@ -27,16 +27,16 @@ apply momentum themselves take the optimizer's): a compressor that applies momen
 
 # No ``from __future__ import annotations``: DDP checks the hook's annotations as objects
 # (``dist.GradBucket``, ``torch.futures.Future[torch.Tensor]``).
-import logging
 import weakref
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from frameworks.process_set import announce, say_once
 from frameworks.torch.distributed import DistributedCollectives
 from frameworks.torch.ops import TorchOps
-from grace import agreement, heap
+from grace import agreement
 from grace.pipeline import Pipeline
 from grace.sparse import Rows
 
@@ -214,30 +214,32 @@ class DDPState:
 
     def _announce(self) -> None:
         """Set glibc's heap for the steps, and say once on rank 0 each way grace departs from what
-        the user set, as the Horovod wrappers do when they are built."""
+        the user set, as the Horovod wrappers do when they are built (``announce``)."""
         self._announced = True
-        lines = []
-        if heap.keep_freed_memory():
-            from frameworks.process_set import HEAP_LINE
-            lines.append(HEAP_LINE)
-        lines += self.pipeline.notices(self.collectives.size, optimizer_seen=False, wrapper=WRAPPER)
+        group = _AsProcessSet(self.collectives)
+        announce(self.pipeline, group, optimizer_seen=False, wrapper=WRAPPER)
         if self.pipeline.hierarchical:
-            lines.append("grace: hierarchical=True under DDP: the first step of this process travels "
-                         "dense, through DDP's own allreduce, and compression starts at the second: "
-                         "DDP regroups its buckets after the first step, and each host's worker "
-                         "that compresses a bucket, keeping its residual, is chosen by the bucket")
-        if self.collectives.rank == 0:
-            for line in lines:
-                _say_once(line)
+            say_once("grace: hierarchical=True under DDP: the first step of this process travels "
+                     "dense, through DDP's own allreduce, and compression starts at the second: "
+                     "DDP regroups its buckets after the first step, and each host's worker that "
+                     "compresses a bucket, keeping its residual, is chosen by the bucket", group)
 
 
-_TOLD: set = set()
+class _AsProcessSet:
+    """A ``torch.distributed`` group as the rank-0 logging of ``frameworks.process_set`` reads a
+    Horovod process set."""
 
+    def __init__(self, collectives: DistributedCollectives) -> None:
+        self.collectives = collectives
 
-def _say_once(line: str) -> None:
-    if line not in _TOLD:
-        _TOLD.add(line)
-        logging.getLogger("grace").warning(line)
+    def included(self) -> bool:
+        return True
+
+    def rank(self) -> int:
+        return self.collectives.rank
+
+    def size(self) -> int:
+        return self.collectives.size
 
 
 def state_for(state: "Pipeline | DDPState") -> "DDPState":
