@@ -14,10 +14,7 @@ of ``--rate``, and each hook's img/s per worker is also given against one worker
     sudo .venv/bin/python scripts/bench_ddp_hooks.py --device cpu --image 64 --batch 16 \
         --hosts 2 --rate 1gbit                       # 2 emulated hosts, against one worker alone
 
-PyTorch's hooks run as their documentation recommends: PowerSGD with error feedback and warm start,
-``start_powerSGD_iter`` at its minimum (2) and ``min_compression_rate=1`` (every matrix
-compressed, as grace's ``min_numel=0`` would; grace's own default leaves matrices of fewer than
-1,024 elements dense).
+PyTorch's hooks run as their documentation recommends (``torch_hooks.py``).
 """
 
 from __future__ import annotations
@@ -36,34 +33,24 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+import torch_hooks  # noqa: E402
 from resnet import ResNet50  # noqa: E402
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E402
-from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import grace  # noqa: E402
 
-
-def _powersgd_state(rank: int) -> psgd.PowerSGDState:
-    return psgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
-                              start_powerSGD_iter=2, min_compression_rate=1,
-                              use_error_feedback=True, warm_start=True)
-
-
 # name -> (hook, a function making its state); None: DDP's own allreduce.
 HOOKS = {
     "ddp": None,
-    "torch-fp16": (default_hooks.fp16_compress_hook, lambda: None),
-    "torch-powersgd-r1": (psgd.powerSGD_hook, lambda: _powersgd_state(1)),
-    "torch-powersgd-r2": (psgd.powerSGD_hook, lambda: _powersgd_state(2)),
-    "torch-batched-powersgd-r2": (psgd.batched_powerSGD_hook, lambda: _powersgd_state(2)),
-    "grace-none": (grace.ddp_hook, grace.none),
-    "grace-fp16": (grace.ddp_hook, grace.fp16),
-    "grace-powersgd-r1": (grace.ddp_hook, lambda: grace.powersgd(rank=1)),
-    "grace-powersgd-r2": (grace.ddp_hook, lambda: grace.powersgd(rank=2)),
-    "grace-topk": (grace.ddp_hook, lambda: grace.topk(0.01)),
-    "grace-qsgd": (grace.ddp_hook, grace.qsgd),
+    **{name: (lambda name=name: torch_hooks.make(name)) for name in
+       ("torch-fp16", "torch-powersgd-r1", "torch-powersgd-r2", "torch-batched-powersgd-r2")},
+    "grace-none": lambda: (grace.ddp_hook, grace.none()),
+    "grace-fp16": lambda: (grace.ddp_hook, grace.fp16()),
+    "grace-powersgd-r1": lambda: (grace.ddp_hook, grace.powersgd(rank=1)),
+    "grace-powersgd-r2": lambda: (grace.ddp_hook, grace.powersgd(rank=2)),
+    "grace-topk": lambda: (grace.ddp_hook, grace.topk(0.01)),
+    "grace-qsgd": lambda: (grace.ddp_hook, grace.qsgd()),
 }
 
 
@@ -90,8 +77,8 @@ def run(args) -> dict:
         model = ResNet50().to(device)
         ddp = DDP(model, device_ids=[device.index or 0] if args.device == "cuda" else None)
         if HOOKS[name] is not None:
-            hook, make_state = HOOKS[name]
-            ddp.register_comm_hook(make_state(), hook)
+            hook, state = HOOKS[name]()
+            ddp.register_comm_hook(state, hook)
         models[name] = (ddp, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
 
     def sync():

@@ -26,6 +26,15 @@ results.json (``repeats``).
 
     sudo python scripts/compare.py --workloads resnet50 --frameworks torch,tf --alone --repeats 3 \
         --compressors fp32,hvd-fp16,none,fp16,topk:ratio=0.01,dgc,powersgd:rank=2 --rates 1gbit
+
+``--engines horovod,ddp`` sets PyTorch's DistributedDataParallel beside Horovod (framework ``ddp``:
+one ``torchrun`` per emulated host, grace through ``grace.ddp_hook``): ``fp32`` is then DDP without a
+hook, PyTorch's own hooks run by their names in ``torch_hooks.py`` (``torch-fp16``,
+``torch-powersgd-r1``, ...; only under DDP, as ``hvd-fp16`` only under Horovod), and DDP's rows are
+set against PyTorch's one worker alone.
+
+    sudo python scripts/compare.py --workloads exchange,resnet50 --frameworks torch \
+        --engines horovod,ddp --alone --compressors fp32,hvd-fp16,torch-fp16,fp16,topk:ratio=0.01
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cluster  # noqa: E402
+import torch_hooks  # noqa: E402
 import workloads  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,9 +68,12 @@ COLUMNS = ["workload", "framework", "compression", "rate", "workers", "status", 
 
 
 def parse_compression(text: str) -> str:
-    """``fp32``, ``hvd-fp16``, or ``name:key=value,...`` (values parsed as JSON, else strings) to
+    """``fp32``, ``hvd-fp16``, one of PyTorch's DDP hooks (``torch_hooks.HOOKS``: ``torch-fp16``,
+    ``torch-powersgd-r1``, ...), or ``name:key=value,...`` (values parsed as JSON, else strings) to
     the worker's ``--compression`` argument; bad names and parameters fail here, before any run."""
-    if text in BASELINES:
+    if text in torch_hooks.NOT_ON_GLOO:  # these runs are on CPUs, over Gloo
+        raise ValueError(f"{text} does not run on Gloo: {torch_hooks.NOT_ON_GLOO[text]}")
+    if text in BASELINES or text in torch_hooks.HOOKS:
         return text
     name, _, rest = text.partition(":")
     params: dict = {"compressor": name}
@@ -74,6 +87,31 @@ def parse_compression(text: str) -> str:
 
     grace.from_params(params)  # raises a ValueError naming what is wrong
     return json.dumps(params)
+
+
+def engine_frameworks(frameworks: str, engines: str) -> list[str]:
+    """The rows' frameworks of ``--frameworks`` and ``--engines``: ``torch`` and ``tf`` through
+    Horovod, ``ddp`` for PyTorch through DistributedDataParallel; a ValueError names what is wrong."""
+    names, kinds = split(frameworks), split(engines)
+    for fw in names:
+        if fw not in ("torch", "tf"):
+            raise ValueError(f"--frameworks: {fw!r} is not one of torch, tf")
+    for engine in kinds:
+        if engine not in ("horovod", "ddp"):
+            raise ValueError(f"--engines: {engine!r} is not one of horovod, ddp")
+    if "ddp" in kinds and "torch" not in names:
+        raise ValueError("--engines ddp runs PyTorch: --frameworks must include torch")
+    return (names if "horovod" in kinds else []) + (["ddp"] if "ddp" in kinds else [])
+
+
+def runs_under(fw: str, compression: str) -> bool:
+    """Whether ``compression`` belongs to framework ``fw``'s engine: Horovod's fp16 to Horovod's
+    (``torch``, ``tf``), PyTorch's DDP hooks to DDP (``ddp``), grace's and ``fp32`` to each."""
+    if compression == "hvd-fp16":
+        return fw != "ddp"
+    if compression in torch_hooks.HOOKS:
+        return fw == "ddp"
+    return True
 
 
 def worker_command(fw: str, workload: str, compression: str, args, wire: bool,
@@ -105,7 +143,20 @@ def run_one(fw, workload, compression, rate, workers, args, emulate: bool, extra
             hosts = 2 if rate == ALONE else -(-workers // per_host)
             with cluster.EmulatedCluster(hosts, None if rate == ALONE else rate,
                                          pin=not args.no_pin) as net:
-                output = _run(net.launch_args(workers, command, per_host), args.timeout)
+                if fw == "ddp":  # one torchrun per host, as on a real cluster
+                    if workers != hosts * per_host:
+                        raise ValueError(f"DDP runs fill their hosts: {workers} workers at "
+                                         f"{per_host} per host")
+                    code, output = net.torchrun(per_host, command[1:], env=worker_env(),
+                                                timeout=args.timeout)
+                    if code:
+                        raise RuntimeError(_last_error(output))
+                else:
+                    output = _run(net.launch_args(workers, command, per_host), args.timeout)
+        elif fw == "ddp":
+            torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+            output = _run([torchrun, "--standalone", f"--nproc-per-node={workers}", *command[1:]],
+                          args.timeout)
         else:
             horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
             output = _run([horovodrun, "-np", str(workers), "-H", f"localhost:{workers}", "--gloo",
@@ -123,13 +174,17 @@ def _run(cmd: list[str], timeout: float) -> str:
                           timeout=timeout)
     output = proc.stdout + proc.stderr
     if proc.returncode != 0:
-        tail = [line for line in output.splitlines() if "Error" in line or "error" in line]
-        raise RuntimeError((tail or output.splitlines() or ["(no output)"])[-1])
+        raise RuntimeError(_last_error(output))
     return output
 
 
+def _last_error(output: str) -> str:
+    tail = [line for line in output.splitlines() if "Error" in line or "error" in line]
+    return (tail or output.splitlines() or ["(no output)"])[-1]
+
+
 def label(compression: str) -> str:
-    if compression in BASELINES:
+    if compression in BASELINES or compression in torch_hooks.HOOKS:
         return compression
     params = json.loads(compression)
     name = params.pop("compressor")
@@ -249,14 +304,15 @@ def plots(results: list[dict], out: str) -> list[str]:
             plt.close(fig)
             made.append(path)
 
-    if len(frameworks) > 1:  # PyTorch against TensorFlow: samples/s of the same set-ups
+    if {"torch", "tf"} <= set(frameworks):  # PyTorch against TensorFlow: samples/s of the same set-ups
         fig, ax = plt.subplots(figsize=(7, 5))
         pairs = {}
         for r in ok:
             pairs.setdefault((r["workload"], r["compression"], r["rate"], r["workers"]), {})[
                 r["framework"]] = r["samples_per_s"]
         for workload in dict.fromkeys(r["workload"] for r in ok):
-            pts = [(v["torch"], v["tf"]) for k, v in pairs.items() if k[0] == workload and len(v) == 2]
+            pts = [(v["torch"], v["tf"]) for k, v in pairs.items()
+                   if k[0] == workload and "torch" in v and "tf" in v]
             if pts:
                 ax.scatter(*zip(*pts), label=workload)
         lo, hi = ax.get_xlim()
@@ -322,10 +378,28 @@ def split(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
+def read_runs(paths: list[str]) -> list[dict]:
+    """Every repeat of the runs in results.json files, concatenated, a later file's run of the same
+    set-up and repeat replacing an earlier one's."""
+    merged: dict = {}
+    for path in paths:
+        with open(path) as f:
+            for row in json.load(f):
+                key = (row["workload"], row["framework"], row["compression"], row["rate"],
+                       row["workers"], row.get("optimizer", "sgd"), row.get("repeat", 0))
+                merged[key] = row
+    return list(merged.values())
+
+
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--workloads", default="mnist,lstm,exchange")
     parser.add_argument("--frameworks", default="torch,tf")
+    parser.add_argument("--engines", default="horovod",
+                        help="horovod: the frameworks through Horovod; ddp: PyTorch through "
+                             "DistributedDataParallel (torchrun; rows of framework 'ddp', grace by "
+                             "grace.ddp_hook, PyTorch's own hooks by their names in torch_hooks.py); "
+                             "horovod,ddp: side by side")
     parser.add_argument("--compressors", default="fp32,hvd-fp16,topk:ratio=0.01",
                         help="comma-separated; parameters after ':' joined by ';', e.g. "
                              "topk:ratio=0.01,qsgd:levels=15")
@@ -357,24 +431,17 @@ def main(argv=None) -> list[dict]:
                              "earlier one)")
     args = parser.parse_args(argv)
     if args.from_json:
-        merged: dict = {}
-        for path in args.from_json:
-            with open(path) as f:
-                for row in json.load(f):
-                    key = (row["workload"], row["framework"], row["compression"], row["rate"],
-                           row["workers"], row.get("optimizer", "sgd"), row.get("repeat", 0))
-                    merged[key] = row
         os.makedirs(args.out, exist_ok=True)
-        return write_outputs(list(merged.values()), args.out, time.time())
+        return write_outputs(read_runs(args.from_json), args.out, time.time())
 
     names = split(args.workloads)
     for w in names:
         if w not in workloads.WORKLOADS:
             parser.error(f"--workloads: {w!r} is not one of {', '.join(workloads.WORKLOADS)}")
-    frameworks = split(args.frameworks)
-    for fw in frameworks:
-        if fw not in ("torch", "tf"):
-            parser.error(f"--frameworks: {fw!r} is not one of torch, tf")
+    try:
+        frameworks = engine_frameworks(args.frameworks, args.engines)
+    except ValueError as e:
+        parser.error(str(e))
     try:
         compressions = [parse_compression(c) for c in split(args.compressors)]
         rates = split(args.rates)
@@ -389,8 +456,11 @@ def main(argv=None) -> list[dict]:
         rates = ["unshaped (localhost)"]
     os.makedirs(args.out, exist_ok=True)
 
-    one_pass = [(w, fw, "fp32", ALONE, 1) for w in names for fw in frameworks] if args.alone else []
-    one_pass += list(itertools.product(names, frameworks, compressions, rates, workers))
+    # One worker alone runs Horovod's own optimizer, also for the DDP rows (alone_limits).
+    alone = dict.fromkeys("torch" if fw == "ddp" else fw for fw in frameworks)
+    one_pass = [(w, fw, "fp32", ALONE, 1) for w in names for fw in alone] if args.alone else []
+    one_pass += [run for run in itertools.product(names, frameworks, compressions, rates, workers)
+                 if runs_under(run[1], run[2])]
     matrix = [(repeat, *run) for repeat in range(args.repeats) for run in one_pass]
     results = []
     started = time.time()
@@ -439,9 +509,14 @@ def medians(results: list[dict]) -> list[dict]:
 
 
 def alone_limits(rows: list[dict]) -> dict:
-    """(workload, framework) -> samples/s of one worker alone (the ``ALONE`` rows)."""
-    return {(r["workload"], r["framework"]): r["samples_per_s"] for r in rows
-            if r["rate"] == ALONE and r["status"] == "ok"}
+    """(workload, framework) -> samples/s of one worker alone (the ``ALONE`` rows); DDP's rows
+    share PyTorch's (the same model and step on one core, no communication)."""
+    limits = {(r["workload"], r["framework"]): r["samples_per_s"] for r in rows
+              if r["rate"] == ALONE and r["status"] == "ok"}
+    for workload, fw in list(limits):
+        if fw == "torch" and any(r["framework"] == "ddp" for r in rows):
+            limits.setdefault((workload, "ddp"), limits[(workload, fw)])
+    return limits
 
 
 def end_to_end_markdown(rows: list[dict]) -> str:
@@ -453,8 +528,8 @@ def end_to_end_markdown(rows: list[dict]) -> str:
     if not limits:
         return ""
     runs = [r for r in rows if r["rate"] != ALONE and (r["workload"], r["framework"]) in limits]
-    frameworks = list(dict.fromkeys(r["framework"] for r in rows if r["rate"] == ALONE))
-    names = {"torch": "PyTorch", "tf": "TensorFlow"}
+    frameworks = list(dict.fromkeys(r["framework"] for r in runs))
+    names = {"torch": "PyTorch", "tf": "TensorFlow", "ddp": "PyTorch DDP"}
     lines = []
     for workload, rate, n in dict.fromkeys((r["workload"], r["rate"], r["workers"]) for r in runs):
         alone = ", ".join(f"{names.get(fw, fw)} {limits[(workload, fw)]:.1f}" for fw in frameworks
@@ -486,6 +561,50 @@ def end_to_end_markdown(rows: list[dict]) -> str:
     return "\n".join(lines).lstrip("\n") + "\n"
 
 
+def step_time_markdown(rows: list[dict]) -> str:
+    """Per workload, link rate and worker count without one worker alone (the exchange workload):
+    each compression's step time per framework, against the same framework's ``fp32`` (how many
+    times faster), and the bytes its worker's link carried per step (the rows of ``medians``)."""
+    limits = alone_limits(rows)
+    runs = [r for r in rows if r["rate"] != ALONE and (r["workload"], r["framework"]) not in limits]
+    frameworks = list(dict.fromkeys(r["framework"] for r in runs))
+    names = {"torch": "PyTorch", "tf": "TensorFlow", "ddp": "PyTorch DDP"}
+    lines = []
+    for workload, rate, n in dict.fromkeys((r["workload"], r["rate"], r["workers"]) for r in runs):
+        here = [r for r in runs if (r["workload"], r["rate"], r["workers"]) == (workload, rate, n)]
+        fp32 = {r["framework"]: r["step_s"] for r in here if r["compression"] == "fp32"
+                and r["status"] == "ok"}
+        lines.append(f"\n{workload}, {n} workers at {rate}: step time, and how many times faster "
+                     f"than the framework's fp32 (Horovod's allreduce, or DDP's without a hook).\n")
+        head = ["compression"]
+        for fw in frameworks:
+            head += [f"{names.get(fw, fw)} step ms", "x fp32", "link KiB/step"]
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|---|" + "---:|" * (len(head) - 1))
+        for comp in dict.fromkeys(r["compression"] for r in here):
+            cells = [label(comp)]
+            for fw in frameworks:
+                found = [r for r in here if (r["framework"], r["compression"]) == (fw, comp)]
+                if not found:
+                    cells += [""] * 3
+                elif found[0]["status"] != "ok":
+                    cells += [found[0]["status"].split(":")[0], "", ""]
+                else:
+                    r = found[0]
+                    wire = r.get("wire_bytes_per_step")
+                    cells += [f"{r['step_s'] * 1e3:.0f}",
+                              f"{fp32[fw] / r['step_s']:.2f}" if fw in fp32 else "",
+                              "" if wire is None else f"{wire / 1024:,.0f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines).lstrip("\n") + ("\n" if lines else "")
+
+
+def summary_markdown(rows: list[dict]) -> str:
+    """What the docs show of a run (the rows of ``medians``): the end-to-end table where one
+    worker alone ran, the step-time table elsewhere."""
+    return "\n".join(t for t in (end_to_end_markdown(rows), step_time_markdown(rows)) if t)
+
+
 def write_outputs(results: list[dict], out: str, started: float) -> list[dict]:
     """results.csv, results.md, results.json and the plots under ``out``; the table on stdout.
     results.json keeps every repeat; the tables and plots show their medians."""
@@ -507,6 +626,11 @@ def write_outputs(results: list[dict], out: str, started: float) -> list[dict]:
         with open(os.path.join(out, "end_to_end.md"), "w") as f:
             f.write(summary)
         report += "\n\n" + summary
+    steps = step_time_markdown(results)
+    if steps:
+        with open(os.path.join(out, "step_times.md"), "w") as f:
+            f.write(steps)
+        report += "\n\n" + steps
     made = plots(results, out)
     print("\n" + report)
     print(f"\n{len(every)} runs in {time.time() - started:.0f} s; "

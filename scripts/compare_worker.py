@@ -1,12 +1,20 @@
-"""One Horovod worker of the side-by-side comparison (``scripts/compare.py`` launches it): trains one
-workload of ``workloads.py`` with PyTorch or TensorFlow and one compression, and rank 0 prints one
-``EPOCH {json}`` line per epoch and a ``RESULT {json}`` line at the end.
+"""One worker of the side-by-side comparison (``scripts/compare.py`` launches it): trains one
+workload of ``workloads.py`` with PyTorch or TensorFlow under Horovod, or PyTorch under
+DistributedDataParallel (``--framework ddp``, started by torchrun), with one compression; rank 0
+prints one ``EPOCH {json}`` line per epoch and a ``RESULT {json}`` line at the end.
 
     horovodrun -np 2 python scripts/compare_worker.py --framework tf --workload lstm \
         --compression '{"compressor": "topk", "ratio": 0.01}'
+    torchrun --standalone --nproc-per-node 2 scripts/compare_worker.py --framework ddp \
+        --workload mnist --compression torch-powersgd-r1
 
-``--compression`` is ``fp32`` (Horovod's own uncompressed allreduce), ``hvd-fp16`` (Horovod's own
-``Compression.fp16``) or a ``grace.from_params`` JSON object.
+``--compression`` is ``fp32`` (the engine's own uncompressed allreduce: Horovod's, or DDP's without
+a hook), ``hvd-fp16`` (Horovod's own ``Compression.fp16``), one of PyTorch's DDP hooks by its name
+in ``torch_hooks.py`` (``torch-fp16``, ``torch-powersgd-r1``, ...; ``--framework ddp``), or a
+``grace.from_params`` JSON object (under DDP through ``grace.ddp_hook``, its state named by the
+model's parameter names, as under Horovod). PyTorch's PowerSGD hook does its compression inside
+the collectives' callbacks; its ``compression`` time is not separated (0, counted as
+communication).
 
 The step time is split by measurement, not by instrumenting the collectives: ``compute`` is the
 median time of the same step without Horovod (measured first, locally), ``compression`` the median
@@ -28,6 +36,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_hooks  # noqa: E402
 import workloads  # noqa: E402
 
 CALIBRATION_STEPS = 8
@@ -35,7 +44,8 @@ CALIBRATION_STEPS = 8
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    parser.add_argument("--framework", choices=("torch", "tf"), required=True)
+    parser.add_argument("--framework", choices=("torch", "tf", "ddp"), required=True,
+                        help="ddp: PyTorch through DistributedDataParallel, started by torchrun")
     parser.add_argument("--workload", choices=workloads.WORKLOADS, required=True)
     parser.add_argument("--compression", default="fp32")
     parser.add_argument("--epochs", type=int, default=2)
@@ -43,6 +53,9 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
                         help="sgd: the workload's SGD (with its momentum); adam: Adam, lr 1e-3")
+    parser.add_argument("--momentum", type=float, default=None,
+                        help="the optimizer's momentum: SGD's (default: the workload's; the LSTM's "
+                             "and the words model's SGD have none), or Adam's beta_1 (default 0.9)")
     parser.add_argument("--lr", type=float, default=None,
                         help="learning rate (default: the workload's for sgd, 1e-3 for adam)")
     parser.add_argument("--clip", type=float, default=None,
@@ -144,16 +157,51 @@ def _keras_dense():
     return KerasDense
 
 
+class TorchCollectives:
+    """The few collectives of the workers' own bookkeeping (evaluation sums, the epochs' barrier):
+    Horovod's, or torch.distributed's under DDP (started by torchrun)."""
+
+    def __init__(self, ddp: bool):
+        self.ddp = ddp
+        if ddp:
+            import torch.distributed as dist
+
+            dist.init_process_group("gloo")
+            self.rank, self.size = dist.get_rank(), dist.get_world_size()
+        else:
+            import horovod.torch as hvd
+
+            hvd.init()
+            self.rank, self.size = hvd.rank(), hvd.size()
+
+    def sum(self, tensor):
+        if self.ddp:
+            import torch.distributed as dist
+
+            tensor = tensor.clone()
+            dist.all_reduce(tensor)
+            return tensor
+        import horovod.torch as hvd
+
+        return hvd.allreduce(tensor, op=hvd.Sum, name="eval")
+
+    def mean(self, tensor):
+        return self.sum(tensor) / self.size
+
+    def barrier(self) -> None:
+        self.sum(__import__("torch").zeros(1))
+
+
 def run_torch(args, spec):
-    import horovod.torch as hvd
     import torch
 
     import grace
 
-    hvd.init()
+    ddp = args.framework == "ddp"
+    comm = TorchCollectives(ddp)
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    rank, size = hvd.rank(), hvd.size()
+    rank, size = comm.rank, comm.size
     rng = np.random.default_rng(args.seed + rank)
 
     if args.workload == "mnist":
@@ -183,9 +231,8 @@ def run_torch(args, spec):
             share = slice(rank, None, size)
             with torch.no_grad():
                 pred = model(torch.from_numpy(test_x[share])).argmax(1).numpy()
-            totals = hvd.allreduce(torch.tensor([float((pred == test_y[share]).sum()),
-                                                 float(len(pred))], dtype=torch.float64),
-                                   op=hvd.Sum, name="eval")
+            totals = comm.sum(torch.tensor([float((pred == test_y[share]).sum()),
+                                            float(len(pred))], dtype=torch.float64))
             return {"test_accuracy": float(totals[0] / totals[1])}
         samples = cfg["batch"]
     elif args.workload == "lstm":
@@ -216,7 +263,7 @@ def run_torch(args, spec):
             share = torch.from_numpy(valid[rank::size][:256])
             with torch.no_grad():
                 nll = float(loss_of(share[:, :-1], share[:, 1:]))
-            mean = float(hvd.allreduce(torch.tensor(nll), name="eval"))
+            mean = float(comm.mean(torch.tensor(nll)))
             return {"perplexity": float(np.exp(mean))}
         samples = cfg["batch"]
     elif args.workload == "words":
@@ -249,7 +296,7 @@ def run_torch(args, spec):
             share = torch.from_numpy(valid[rank::size])
             with torch.no_grad():
                 nll = float(loss_of(share[:, :-1], share[:, -1]))
-            mean = float(hvd.allreduce(torch.tensor(nll), name="eval"))
+            mean = float(comm.mean(torch.tensor(nll)))
             return {"perplexity": float(np.exp(mean))}
         samples = cfg["batch"]
     elif args.workload == "resnet50":
@@ -278,6 +325,20 @@ def run_torch(args, spec):
         fixed = [torch.randn(s, generator=gen) * 1e-3 for _, s in shapes]
         model = torch.nn.ParameterList(params)
         base = torch.optim.SGD(params, lr=0.0)
+
+        class GivenGradients(torch.nn.Module):
+            """The exchange under DDP, whose hooks see gradients only as autograd hands them
+            over: the loss sum(p * g) over the parameters p (zeros, never moved: lr 0) and their
+            fixed gradients g, whose gradient with respect to each p is its g."""
+
+            def __init__(self, params):
+                super().__init__()
+                self.params = params
+
+            def forward(self, given):
+                return sum((p * g).sum() for p, g in zip(self.params, given))
+
+        given = GivenGradients(model)
         loss_of = batch = None
 
         def evaluate():
@@ -288,7 +349,9 @@ def run_torch(args, spec):
 
     def local_step():
         base.zero_grad()
-        if args.workload == "exchange":
+        if args.workload == "exchange" and ddp:
+            given(fixed).backward()  # as DDP's step makes them, compute measured alike
+        elif args.workload == "exchange":
             for p, g in zip(params, fixed):
                 p.grad = g.clone()
         else:
@@ -301,46 +364,74 @@ def run_torch(args, spec):
 
     compute_s = median_time(local_step, CALIBRATION_STEPS)
     pipeline = grace.from_params(spec) if isinstance(spec, dict) else None
-    if spec == "hvd-fp16":
-        optimizer = hvd.DistributedOptimizer(base, named_parameters=named,
-                                             compression=hvd.Compression.fp16)
-    elif pipeline is not None:
-        optimizer = hvd.DistributedOptimizer(base, named_parameters=named, compression=pipeline,
-                                             sparse_as_dense=args.sparse_as_dense)
+    if ddp:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # DDP broadcasts rank 0's parameters as it wraps the model (Horovod's broadcast_parameters).
+        wrapped = DistributedDataParallel(given if args.workload == "exchange" else model)
+        if pipeline is not None:  # state named as under Horovod: the same bits (tests/test_ddp.py)
+            wrapped.register_comm_hook(grace.DDPState(pipeline, named_parameters=named),
+                                       grace.ddp_hook)
+        elif spec != "fp32":
+            hook, state = torch_hooks.make(spec)
+            wrapped.register_comm_hook(state, hook)
+        model = wrapped  # the workloads' loss and evaluation now run through DDP's forward
+        # The calibration's momentum differs by rank: start afresh, as Horovod's wrapper does (it
+        # builds a new optimizer over the same parameter groups).
+        base.state.clear()
+        optimizer = base
     else:
+        import horovod.torch as hvd
+
+        compression = hvd.Compression.fp16 if spec == "hvd-fp16" else pipeline
         optimizer = hvd.DistributedOptimizer(base, named_parameters=named,
-                                             sparse_as_dense=args.sparse_as_dense)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+                                             sparse_as_dense=args.sparse_as_dense,
+                                             **({} if compression is None else
+                                                {"compression": compression}))
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
-    sent = dense_bytes([sparse_size(g) for g in grads], spec)
+    if isinstance(spec, str) and spec in torch_hooks.HOOKS:
+        sent = torch_hooks.payload_bytes(spec, [tuple(g.shape) for g in grads])
+    else:
+        sent = dense_bytes([sparse_size(g) for g in grads], spec)
     # A sparse gradient's compression is timed on its rows, what the pipeline compresses.
     grads = [g.coalesce().values() if g.is_sparse else g for g in grads]
     compress_s = compression_time(pipeline, grads, size)
-    if spec == "hvd-fp16":
+    if spec in ("hvd-fp16", "torch-fp16"):
         compress_s = median_time(lambda: [g.half().float() for g in grads], 3)
 
     def dist_step():
         optimizer.zero_grad()
         if args.workload == "exchange":
-            for p, g in zip(params, fixed):
-                p.grad = g.clone()
+            if ddp:
+                model(fixed).backward()
+            else:
+                for p, g in zip(params, fixed):
+                    p.grad = g.clone()
             optimizer.step()
             return
         loss = loss_of(*batch())
-        loss.backward()
+        loss.backward()  # under DDP, the gradients are averaged when backward returns
         if args.workload == "lstm":
-            optimizer.synchronize()
+            if not ddp:
+                optimizer.synchronize()
             if clip_norm(args):
                 torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm(args))
-            with optimizer.skip_synchronize():
+            if ddp:
                 optimizer.step()
+            else:
+                with optimizer.skip_synchronize():
+                    optimizer.step()
         else:
             optimizer.step()
 
-    dist_step()  # a first step outside the timings: Horovod negotiates each tensor once
-    report(args, hvd.rank(), size, samples, compute_s, compress_s, dist_step, evaluate,
-           lambda: pipeline.stats() if pipeline else None, sent,
-           lambda: hvd.allreduce(torch.zeros(1), name="barrier"), pipeline)
+    # Steps outside the timings: Horovod negotiates each tensor, DDP rebuilds its buckets, and
+    # PyTorch's PowerSGD hook allreduces dense until its start_powerSGD_iter.
+    hook_warmup = torch_hooks.warmup_steps(spec) if isinstance(spec, str) and spec in torch_hooks.HOOKS else 0
+    for _ in range(max(1, hook_warmup)):
+        dist_step()
+    report(args, rank, size, samples, compute_s, compress_s, dist_step, evaluate,
+           lambda: pipeline.stats() if pipeline else None, sent, comm.barrier, pipeline)
 
 
 def torch_optimizer(args, params, lr: float, momentum: float):
@@ -348,8 +439,9 @@ def torch_optimizer(args, params, lr: float, momentum: float):
 
     if args.optimizer == "adam":
         eps = {} if args.adam_epsilon is None else {"eps": args.adam_epsilon}
-        return torch.optim.Adam(params, lr=lr, **eps)
-    return torch.optim.SGD(params, lr=lr, momentum=momentum)
+        betas = {} if args.momentum is None else {"betas": (args.momentum, 0.999)}
+        return torch.optim.Adam(params, lr=lr, **eps, **betas)
+    return torch.optim.SGD(params, lr=lr, momentum=momentum if args.momentum is None else args.momentum)
 
 
 def clip_norm(args) -> float:
@@ -362,8 +454,10 @@ def keras_optimizer(args, lr: float, momentum: float, clip: float | None = None)
 
     if args.optimizer == "adam":
         eps = {} if args.adam_epsilon is None else {"epsilon": args.adam_epsilon}
-        return keras.optimizers.Adam(lr, global_clipnorm=clip, **eps)
-    return keras.optimizers.SGD(lr, momentum=momentum, global_clipnorm=clip)
+        beta = {} if args.momentum is None else {"beta_1": args.momentum}
+        return keras.optimizers.Adam(lr, global_clipnorm=clip, **eps, **beta)
+    return keras.optimizers.SGD(lr, momentum=momentum if args.momentum is None else args.momentum,
+                                global_clipnorm=clip)
 
 
 def dense_bytes(sizes, spec) -> int:
@@ -633,12 +727,31 @@ def report(args, rank, size, samples, compute_s, compress_s, dist_step, evaluate
 def main(argv=None):
     args = parse_args(argv)
     spec = args.compression
-    if spec not in ("fp32", "hvd-fp16"):
+    if spec in torch_hooks.HOOKS and args.framework != "ddp":
+        raise SystemExit(f"--compression {spec}: PyTorch's DDP hooks run with --framework ddp")
+    if spec == "hvd-fp16" and args.framework == "ddp":
+        raise SystemExit("--compression hvd-fp16 is Horovod's; under DDP, torch-fp16 is PyTorch's")
+    if spec not in ("fp32", "hvd-fp16", *torch_hooks.HOOKS):
         spec = json.loads(spec)
     from grace import heap
 
     heap.keep_freed_memory()  # the baselines too: one heap for every run compared
-    (run_torch if args.framework == "torch" else run_tf)(args, spec)
+    (run_tf if args.framework == "tf" else run_torch)(args, spec)
+    if args.framework == "ddp":
+        close_ddp()
+
+
+def close_ddp() -> None:
+    """Ends the process group once DDP's model is gone (its reducer holds the group): a Gloo group
+    still alive when the interpreter exits can abort the process ("terminate called without an
+    active exception"), which torchrun reports as the run's failure."""
+    import gc
+
+    import torch.distributed as dist
+
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def merge(runs_per_file: list[list[dict]]) -> list[dict]:
     for runs in runs_per_file:
         for r in runs:
             key = (r["workload"], r.get("optimizer", "sgd"), r["framework"], r["compression"],
-                   r.get("seed", 0))
+                   r.get("seed", 0), r.get("optimizer_momentum"))
             if key not in merged or r.get("finished", "") >= merged[key].get("finished", ""):
                 merged[key] = r
     return list(merged.values())
@@ -96,8 +96,33 @@ def learning_rate(name: str, workload: str, optimizer: str) -> float | None:
 
 
 def compressor_of(compression: str) -> str:
-    """The algorithm's name (its learning rate and target go by it)."""
-    return compression if compression in compare.BASELINES else json.loads(compression)["compressor"]
+    """The algorithm's name (its learning rate and target go by it); PyTorch's DDP hooks by theirs."""
+    if compression in compare.BASELINES or compression in compare.torch_hooks.HOOKS:
+        return compression
+    return json.loads(compression)["compressor"]
+
+
+def momentum_to_compressor(compression: str, optimizer: str = "sgd") -> tuple[str, float | None]:
+    """For a DDP run whose momentum goes to the compressor (``--momentum-to compressor``): what a
+    DDP user does by hand where Horovod's wrapper would take the momentum over (docs/ddp.md). With
+    SGD, a compressor that applies momentum itself is given the workload's (``dgc(momentum=0.9)``,
+    ``signum(beta=0.9)``) and random-k none (Horovod turns it off); with Adam, one that takes
+    ``beta_1`` over is given Adam's 0.9. The optimizer then has none (SGD's momentum, Adam's
+    ``beta_1``): (the compression, the optimizer's momentum, ``None`` where it keeps its own).
+    Random-k's takeover of Adam's moments has no by-hand equivalent: left as it is."""
+    if compression in compare.BASELINES or compression in compare.torch_hooks.HOOKS:
+        return compression, None
+    import grace
+    from grace.memories.residual import DelayedResidualMemory
+    from grace.momentum import owner
+
+    params = json.loads(compression)
+    part = owner(grace.from_params(dict(params)))
+    if part is None or (optimizer == "adam" and not part.takes_adam_beta1):
+        return compression, None
+    if not isinstance(part, DelayedResidualMemory):
+        params.setdefault(part.momentum_param, 0.9 if optimizer == "adam" else workloads.MNIST["momentum"])
+    return json.dumps(params), 0.0
 
 
 def run_matrix(args) -> list[dict]:
@@ -107,7 +132,7 @@ def run_matrix(args) -> list[dict]:
     frameworks = compare.split(args.frameworks)
     seeds = [int(s) for s in compare.split(args.seeds)]
     matrix = [(w, o, fw, c, seed) for seed in seeds for (w, o) in cases for fw in frameworks
-              for c in compressions]
+              for c in compressions if compare.runs_under(fw, c)]
     results = []
     with tqdm(matrix, desc="quality runs", unit="run") as bar:
         for workload, optimizer, fw, comp, seed in bar:
@@ -118,6 +143,11 @@ def run_matrix(args) -> list[dict]:
             run_args = argparse.Namespace(epochs=epochs, steps=steps, exchange_steps=steps,
                                           timeout=args.timeout)
             extra = ["--optimizer", optimizer, "--seed", str(seed)]
+            given = None
+            if args.momentum_to == "compressor" and fw == "ddp" and workload == "mnist":
+                comp, given = momentum_to_compressor(comp, optimizer)
+                if given is not None:
+                    extra += ["--momentum", repr(given)]
             lr = learning_rate(name, workload, optimizer)
             if lr is not None:
                 extra += ["--lr", repr(lr)]
@@ -127,6 +157,7 @@ def run_matrix(args) -> list[dict]:
                 extra += ["--clip", "0"]
             row = compare.run_one(fw, workload, comp, None, 2, run_args, emulate=False, extra=tuple(extra))
             row.update(rate="unshaped (localhost)", optimizer=optimizer, lr=lr, seed=seed,
+                       optimizer_momentum=given,
                        finished=datetime.datetime.now(datetime.timezone.utc).isoformat(
                            timespec="seconds"), commit=code_version())
             results.append(row)
@@ -155,17 +186,24 @@ def _time_to(row: dict, target: float) -> float | None:
 
 
 def summarize(results: list[dict]) -> list[dict]:
-    """One row per run with its gap to fp32 (same framework, workload, optimizer and seed)."""
-    baseline = {(r["workload"], r.get("optimizer", "sgd"), r["framework"], r.get("seed", 0)): _final(r)
-                for r in results if r["compression"] == "fp32"}
+    """One row per run with its gap to fp32 (same framework, workload, optimizer and seed) of the
+    same code: a run recorded with another commit than fp32's (runs before commits were recorded
+    count as one unknown version) gets no gap, since fp32 itself moves when the code does."""
+    baseline = {(r["workload"], r.get("optimizer", "sgd"), r["framework"], r.get("seed", 0)):
+                (_final(r), r.get("commit")) for r in results if r["compression"] == "fp32"}
     rows = []
     for r in results:
         case = (r["workload"], r.get("optimizer", "sgd"), r["framework"], r.get("seed", 0))
         name = compressor_of(r["compression"])
-        final, ref = _final(r), baseline.get(case)
+        ref, ref_commit = baseline.get(case, (None, None))
+        final = _final(r)
+        if ref is not None and r.get("commit") != ref_commit:
+            ref = None
         row = {"workload": r["workload"], "optimizer": case[1], "framework": r["framework"],
                "compressor": compare.label(r["compression"]), "lr": r.get("lr"), "seed": case[3],
                "status": r.get("status"), "final": final}
+        if r.get("optimizer_momentum") is not None:
+            row["optimizer_momentum"] = r["optimizer_momentum"]
         if final is not None and ref is not None:
             if r["workload"] == "mnist":
                 row["gap"] = round(100 * (ref - final), 2)  # accuracy points below fp32
@@ -188,10 +226,11 @@ def seeds_markdown(rows: list[dict]) -> str:
     by_setup: dict = {}
     for r in rows:
         if r.get("gap") is not None and r["compressor"] != "fp32":
-            key = (r["workload"], r["optimizer"], r["framework"], r["compressor"])
+            key = (r["workload"], r["optimizer"], r["framework"], r["compressor"],
+                   r.get("optimizer_momentum"))
             by_setup.setdefault(key, {})[r.get("seed", 0)] = r
     lines = []
-    for (workload, optimizer, fw, name), runs in by_setup.items():
+    for (workload, optimizer, fw, name, _), runs in by_setup.items():
         if len(runs) < 2:
             continue
         gaps = [runs[s]["gap"] for s in sorted(runs)]
@@ -212,7 +251,8 @@ def markdown(rows: list[dict]) -> str:
     seeds = seeds_markdown(rows)
     rows = [r for r in rows if r.get("seed", 0) == 0]  # the main tables and plots: seed 0
     lines = []
-    for case in dict.fromkeys((r["workload"], r["optimizer"]) for r in rows):
+    horovod = [r for r in rows if r["framework"] != "ddp"]  # DDP's rows: ddp_markdown
+    for case in dict.fromkeys((r["workload"], r["optimizer"]) for r in horovod):
         workload, optimizer = case
         key = compare.METRIC[workload][0]
         gap = "gap (points)" if workload == "mnist" else "gap (% perplexity)"
@@ -221,7 +261,7 @@ def markdown(rows: list[dict]) -> str:
                   f"(torch) | step ms (torch, tf) | torch s to fp32's final | tf s to fp32's final |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         by_name: dict = {}
-        for r in rows:
+        for r in horovod:
             if (r["workload"], r["optimizer"]) == case:
                 by_name.setdefault(r["compressor"], {})[r["framework"]] = r
 
@@ -243,14 +283,56 @@ def markdown(rows: list[dict]) -> str:
                 cell(f, "gap", "{:+.2f}"), verdict, cell(t, "bytes_per_step", "{:,}"),
                 f"{cell(t, 'step_ms')}, {cell(f, 'step_ms')}", cell(t, "time_to_fp32_s", "{:.0f}"),
                 cell(f, "time_to_fp32_s", "{:.0f}")]) + " |")
-    return ("\n".join(lines) + seeds).lstrip("\n")
+    return ("\n".join(lines) + ddp_markdown(rows) + seeds).lstrip("\n")
+
+
+def ddp_markdown(rows: list[dict]) -> str:
+    """PyTorch through DDP (framework ``ddp``), per case: each hook's final metric and its gap to
+    DDP without a hook (``fp32``) of the same seed, judged as under Horovod, beside Horovod's run
+    of the same compressor in PyTorch (``torch``) where there is one. Seed 0, as ``markdown``.
+    No times: the throughput comparison is compare.py's, measured on a machine doing nothing else."""
+    rows = [r for r in rows if r.get("seed", 0) == 0]
+    lines = []
+    for case in dict.fromkeys((r["workload"], r["optimizer"]) for r in rows if r["framework"] == "ddp"):
+        workload, optimizer = case
+        key = compare.METRIC[workload][0]
+        unit = "points" if workload == "mnist" else "% perplexity"
+        lines += [f"\n### {workload}, {optimizer}: PyTorch DDP, final {key}",
+                  f"| hook | lr | DDP | gap to DDP without a hook ({unit}) | target | Horovod (PyTorch) "
+                  "| bytes/step |", "|---|---:|---:|---:|---:|---:|---:|"]
+        horovod = {r["compressor"]: r for r in rows
+                   if (r["workload"], r["optimizer"], r["framework"]) == (*case, "torch")}
+        for r in rows:
+            if (r["workload"], r["optimizer"], r["framework"]) != (*case, "ddp"):
+                continue
+            name = "DDP, no hook (fp32)" if r["compressor"] == "fp32" else r["compressor"]
+            if r.get("optimizer_momentum") is not None:
+                name += (f", Adam's beta_1 {r['optimizer_momentum']:g}" if optimizer == "adam"
+                         else f", SGD's momentum {r['optimizer_momentum']:g}")
+            if r.get("final") is None:
+                lines.append(f"| {name} | {(r.get('status') or '')[:60]} | | | | | |")
+                continue
+            target = r.get("target")
+            verdict = "" if target is None or r["compressor"] == "fp32" else \
+                f"≤ {target:g} {'✓' if r.get('met') else '✗'}"
+            # Given by hand, the momentum Horovod's wrapper takes over: set beside Horovod's run.
+            same = horovod.get(r["compressor"]) or (horovod.get(r["compressor"].split("(")[0])
+                                                    if r.get("optimizer_momentum") is not None else None)
+            other = (same or {}).get("final")
+            lines.append(" | ".join([
+                f"| {name}", f"{r['lr']:g}" if r.get("lr") else "–", f"{r['final']:.4f}",
+                "–" if r.get("gap") is None else f"{r['gap']:+.2f}", verdict,
+                "–" if other is None else f"{other:.4f}", f"{r['bytes_per_step']:,}"]) + " |")
+    return "\n" + "\n".join(lines) if lines else ""
 
 
 # --- plot ---------------------------------------------------------------------------------------
 SERIES = {("mnist", "sgd", "torch"): ("tab:blue", "o"), ("mnist", "sgd", "tf"): ("tab:cyan", "s"),
           ("mnist", "adam", "torch"): ("tab:red", "^"), ("mnist", "adam", "tf"): ("tab:orange", "v"),
           ("lstm", "sgd", "torch"): ("tab:green", "D"), ("lstm", "sgd", "tf"): ("tab:olive", "P"),
-          ("words", "sgd", "torch"): ("tab:purple", "X"), ("words", "sgd", "tf"): ("tab:brown", "*")}
+          ("words", "sgd", "torch"): ("tab:purple", "X"), ("words", "sgd", "tf"): ("tab:brown", "*"),
+          ("mnist", "sgd", "ddp"): ("navy", "<"), ("mnist", "adam", "ddp"): ("darkred", ">"),
+          ("lstm", "sgd", "ddp"): ("darkgreen", "d"), ("words", "sgd", "ddp"): ("indigo", "h")}
 
 
 def plot(rows: list[dict], path: str) -> str | None:
@@ -323,8 +405,18 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--cases", default=",".join(CASES), help=f"of {', '.join(CASES)}")
     parser.add_argument("--frameworks", default="torch,tf")
+    parser.add_argument("--engines", default="horovod",
+                        help="horovod: the frameworks through Horovod; ddp: PyTorch through "
+                             "DistributedDataParallel (rows of framework 'ddp'; fp32 is DDP without "
+                             "a hook; PyTorch's own hooks by their names in torch_hooks.py); "
+                             "horovod,ddp: both")
     parser.add_argument("--compressors", default=None,
                         help="comma-separated (default: fp32 and every compressor of the catalogue)")
+    parser.add_argument("--momentum-to", choices=("optimizer", "compressor"), default="optimizer",
+                        help="under DDP (mnist), where the optimizer's momentum (SGD's, Adam's beta_1) "
+                             "goes for a compressor that Horovod's wrapper would take it from: the optimizer "
+                             "keeps it (a user who changed nothing), or the compressor is given it "
+                             "and the optimizer none (what docs/ddp.md tells a DDP user)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     parser.add_argument("--epochs", type=int, default=None,
                         help="epochs per run, of the workload's steps each (default: BUDGET's, 10); "
@@ -354,9 +446,10 @@ def main(argv=None):
     for case in compare.split(args.cases):
         if case not in CASES:
             parser.error(f"--cases: {case!r} is not one of {', '.join(CASES)}")
-    for fw in compare.split(args.frameworks):
-        if fw not in ("torch", "tf"):
-            parser.error(f"--frameworks: {fw!r} is not one of torch, tf")
+    try:
+        args.frameworks = ",".join(compare.engine_frameworks(args.frameworks, args.engines))
+    except ValueError as e:
+        parser.error(str(e))
     try:
         for c in compare.split(args.compressors):
             compare.parse_compression(c)

@@ -225,13 +225,44 @@ def test_every_compressor_computes_what_it_computes_under_horovod(ddp_run, gloo_
     assert a["bytes_control"] == b["bytes_control"] - 16
 
 
-def test_state_must_be_a_pipeline_and_layer_granularity():
+def test_bucket_granularity_compresses_each_ddp_bucket_as_one_vector_from_the_second_step(ddp_run):
+    """``granularity="bucket"``: the process's first step travels dense through DDP's own allreduce
+    (DDP regroups its buckets after it, which would leave a joined residual with the wrong tensors),
+    and from the second each DDP bucket's tensors (W and b, one bucket) are compressed as one vector
+    with its residual: top-k keeps 64 of the 1,288 entries, against the numpy model, and rank 0
+    says why the first step is dense."""
+    out, output = ddp_run
+    topk = reference.topk_with_residual(0.05)
+
+    def first_dense(name, rank, step, g):
+        return g if step == 0 else topk(name, rank, step, g)
+    infos = check(out, "topk_bucket", reference.simulate(first_dense, joined=True))
+    assert infos[0]["stats"]["bytes_sent"] == 9 * 64 * 8  # 64 values and their indices, 9 steps
+    assert output.count("granularity='bucket' under DDP: the first step of this process travels "
+                        "dense") == 1
+
+
+def test_bucket_granularity_keeps_one_residual_per_bucket_as_ddp_regrouped_them(ddp_run):
+    """Small buckets, which DDP regroups after the first step: with ``granularity="bucket"`` the
+    residuals are exactly one per bucket of the regrouped layout, each named after the bucket's
+    first tensor; none is left from the first step's buckets (that step travelled dense)."""
+    out, _ = ddp_run
+    _, infos = load(out, "tower_bucket")
+    layouts = infos[0]["layouts"]
+    assert layouts[0] != layouts[1] and layouts[1] == layouts[5]  # regrouped once
+    first = {f"bucket.{layout[0]}" for layout in layouts[0]}
+    final = {f"bucket.{layout[0]}" for layout in layouts[1]}
+    assert first != final
+    for info in infos:
+        assert info["residual_names"] == sorted(final)
+        assert info["stats"]["bytes_sent"] < info["stats"]["bytes_dense"] / 5
+
+
+def test_state_must_be_a_pipeline():
     from frameworks.torch.ddp import DDPState, state_for
 
     with pytest.raises(TypeError, match="must be a grace pipeline"):
         state_for(object())
-    with pytest.raises(ValueError, match="granularity='bucket' is not supported by the DDP hook"):
-        DDPState(grace.topk(0.01, granularity="bucket"))
     with pytest.raises(ValueError, match="hierarchical=True groups the job's workers by host"):
         DDPState(grace.topk(0.01, hierarchical=True), process_group=object())
     compression = grace.topk(0.01)

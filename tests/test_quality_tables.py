@@ -76,3 +76,15 @@ def test_from_json_keeps_the_run_finished_last_whatever_the_file_order():
     assert quality.merge([[undated_a], [undated_b]]) == [undated_b]
     other = run("fp32", 0, 0.88)
     assert sorted(r["compression"] for r in quality.merge([[old, other], [new]])) == sorted([ONEBIT, "fp32"])
+
+
+def test_a_gap_is_only_to_fp32_of_the_same_code():
+    """Issue 47: fp32 moves when the code does, so a run recorded with another commit than fp32's
+    (or before commits were recorded) gets no gap and no verdict, rather than one against another
+    code's fp32."""
+    fp32 = {**run("fp32", 0, 0.887), "commit": "abc1234"}
+    same = {**run(ONEBIT, 0, 0.880), "commit": "abc1234"}
+    older = {**run('{"compressor": "topk"}', 0, 0.850)}  # recorded before commits were
+    rows = {r["compressor"]: r for r in quality.summarize([fp32, same, older])}
+    assert rows["onebit"]["gap"] == pytest.approx(0.7) and rows["onebit"]["met"]
+    assert "gap" not in rows["topk"] and "met" not in rows["topk"] and rows["topk"]["final"] == 0.85

@@ -6,7 +6,8 @@
 The compression object is the hook's state, as ``PowerSGDState`` is for PyTorch's ``powerSGD_hook``
 (``DDPState`` adds a process group). Each DDP bucket (a ``GradBucket``) is one bucket of the same
 ``Pipeline`` the Horovod wrappers drive: its gradients compressed one by one with error feedback
-(``granularity="layer"``), one collective per round over ``torch.distributed``; a sparse gradient
+(``granularity="layer"``), or joined into one vector (``"bucket"``, from the second step: see
+``DDPState._plain_allreduce``), one collective per round over ``torch.distributed``; a sparse gradient
 (DDP gives it a bucket of its own) travels as rows (``Pipeline.start_sparse``)
 (``DistributedCollectives``), started as soon as DDP hands the bucket over, while backward goes on.
 When DDP hands over its last bucket, the step is finished as one transaction, as under Horovod
@@ -60,11 +61,6 @@ class DDPState:
         if not isinstance(compression, Pipeline):
             raise TypeError(f"compression must be a grace pipeline such as grace.topk(0.01), got "
                             f"{type(compression).__name__}")
-        if compression.granularity != "layer":
-            raise ValueError(f"granularity={compression.granularity!r} is not supported by the DDP "
-                             f"hook: DDP rebuilds its buckets after the first iteration, which would "
-                             f"misplace a bucket's joined residual; use granularity='layer' (the "
-                             f"default)")
         if compression.hierarchical and process_group is not None:
             raise ValueError("hierarchical=True groups the job's workers by host: use it with the "
                              "default process group (process_group=None)")
@@ -145,7 +141,7 @@ class DDPState:
         if not self._announced:
             self._announce()
         names = [self.name_of(p) for p in bucket.parameters()]
-        if self.pipeline.hierarchical and self._steps == 0:
+        if self._steps == 0 and self._dense_first():
             return self._plain_allreduce(bucket, buffer)
         gradients = [buffer] if buffer.is_sparse else bucket.gradients()
         if group.size > 1 and tuple(names) not in self._checked:
@@ -167,15 +163,23 @@ class DDPState:
             self._finish()
         return future
 
+    def _dense_first(self) -> bool:
+        """Whether state made in the first step would belong to DDP's first buckets rather than to
+        parameters: ``granularity="bucket"`` keeps one residual per bucket (its tensors joined),
+        and under ``hierarchical=True`` the worker of a host that compresses a bucket (and keeps
+        its residual) is chosen by the bucket."""
+        return self.pipeline.hierarchical or self.pipeline.granularity == "bucket"
+
     def _plain_allreduce(self, bucket: dist.GradBucket, buffer: torch.Tensor
                          ) -> torch.futures.Future[torch.Tensor]:
-        """DDP's own averaging of a bucket, for the first step under ``hierarchical=True``.
+        """DDP's own averaging of a bucket, for the first step where state is per bucket
+        (``_dense_first``).
 
-        DDP regroups its buckets after the first iteration, and with ``hierarchical=True`` the
-        worker of a host that compresses a bucket (and keeps its residual) is chosen by the
-        bucket: a residual made in the first step would stay with a worker that no longer
-        compresses its tensor. So that step travels dense, leaving no state, and compression
-        starts once the buckets are final (each process's first step, a resumed one too)."""
+        DDP regroups its buckets after the first iteration: a residual made in the first step
+        would then be joined with other tensors, or stay with a worker that no longer compresses
+        its tensor. So that step travels dense, leaving no state, and compression starts once the
+        buckets are final (each process's first step, a resumed one too, whose loaded state
+        waits for the second)."""
         if bucket.is_last():
             self._steps += 1
             self._seen_all = True
@@ -223,6 +227,12 @@ class DDPState:
                      "dense, through DDP's own allreduce, and compression starts at the second: "
                      "DDP regroups its buckets after the first step, and each host's worker that "
                      "compresses a bucket, keeping its residual, is chosen by the bucket", group)
+        elif self.pipeline.granularity == "bucket":
+            say_once("grace: granularity='bucket' under DDP: the first step of this process travels "
+                     "dense, through DDP's own allreduce, and compression starts at the second: "
+                     "DDP regroups its buckets after the first step, and a bucket's tensors share "
+                     "one residual; granularity='layer' (the default) compresses from the first",
+                     group)
 
 
 class _AsProcessSet:

@@ -171,8 +171,10 @@ def tower(name, bucket_cap_mb, poison=None, skip=(), make=lambda: grace.topk(0.0
         finite.append([bool(torch.isfinite(p.grad).all()) for p in model.parameters()])
         if all(finite[-1]):
             opt.step()
+    residuals = compression.state_dict().get("memory", {}).get("residuals", {})
     save(name, dict(model.named_parameters()),
-         {"stats": compression.stats(), "layouts": layouts, "finite": finite})
+         {"stats": compression.stats(), "layouts": layouts, "finite": finite,
+          "residual_names": sorted(residuals)})
 
 
 class Bag(torch.nn.Module):
@@ -286,6 +288,9 @@ SCENARIOS = {
                                      named=True),
     "tower_dgc_large": lambda: tower("tower_dgc_large", 25, make=lambda: grace.dgc(momentum=0.9),
                                      named=True),
+    # granularity="bucket": one residual per DDP bucket, from the buckets DDP regrouped
+    "tower_bucket": lambda: tower("tower_bucket", 0.1, named=True,
+                                  make=lambda: grace.topk(0.05, granularity="bucket", min_numel=0)),
     "errors": errors,
     "rows_none": lambda: rows("rows_none", grace.none),
     "rows_topk": lambda: rows("rows_topk", lambda: grace.topk(0.05)),
@@ -294,6 +299,7 @@ SCENARIOS = {
         "topk_alltoall", lambda: grace.topk(0.05, communicator="alltoall")),
     "topk_hierarchical": lambda: linear_scenario(
         "topk_hierarchical", lambda: grace.topk(0.05, hierarchical=True)),
+    "topk_bucket": lambda: linear_scenario("topk_bucket", lambda: grace.topk(0.05, granularity="bucket")),
 }
 # Every compressor of the catalogue as tests/workers/torch_train.py runs it under Horovod (the same
 # options and rates), for a bit-for-bit comparison.
