@@ -242,6 +242,20 @@ def test_bucket_granularity_compresses_each_ddp_bucket_as_one_vector_from_the_se
                         "dense") == 1
 
 
+def test_bucket_granularity_resumes_with_its_residual_waiting_one_dense_step(ddp_run):
+    """``granularity="bucket"``, five steps, saved, a new DDP model and pipeline loaded, five more:
+    the resumed process's first step travels dense again, and the residual saved at step 4 enters
+    at step 6, not lost: the numpy model with steps 0 and 5 dense and one residual carried
+    across."""
+    out, _ = ddp_run
+    topk = reference.topk_with_residual(0.05)
+
+    def dense_at_starts(name, rank, step, g):
+        return g if step in (0, 5) else topk(name, rank, step, g)
+    infos = check(out, "resume_bucket", reference.simulate(dense_at_starts, joined=True))
+    assert infos[0]["stats"]["bytes_sent"] == 8 * 64 * 8  # compressed steps 1-4 and 6-9
+
+
 def test_bucket_granularity_keeps_one_residual_per_bucket_as_ddp_regrouped_them(ddp_run):
     """Small buckets, which DDP regroups after the first step: with ``granularity="bucket"`` the
     residuals are exactly one per bucket of the regrouped layout, each named after the bucket's

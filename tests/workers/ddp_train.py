@@ -90,20 +90,20 @@ def linear_scenario(name, make, passes=1, poison=None, skip=(), lr=LR, named=Fal
          {"stats": compression.stats(), "skipped": skipped})
 
 
-def resume():
+def resume(name="resume", make=lambda: grace.topk(0.05)):
     """Five steps, the compression state saved (and the model's and optimizer's), a new DDP model
     and a new pipeline loaded from them, five more steps."""
-    compression = grace.topk(0.05)
+    compression = make()
     model, ddp = linear_ddp(compression)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     train_linear(ddp, opt, 5)
     saved = {"model": model.state_dict(), "opt": opt.state_dict(),
              "grace": compression.state_dict()}
-    path = os.path.join(args.outdir, f"resume.rank{rank}.pt")
+    path = os.path.join(args.outdir, f"{name}.rank{rank}.pt")
     torch.save(saved, path)
     del model, ddp, opt, compression
     loaded = torch.load(path, weights_only=False)
-    compression = grace.topk(0.05)
+    compression = make()
     compression.load_state_dict(loaded["grace"])
     model = torch_linear(0).to(device)
     model.load_state_dict(loaded["model"])
@@ -112,7 +112,7 @@ def resume():
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     opt.load_state_dict(loaded["opt"])
     train_linear(ddp, opt, STEPS, first=5)
-    save("resume", {"w": model.weight, "b": model.bias}, {"stats": compression.stats()})
+    save(name, {"w": model.weight, "b": model.bias}, {"stats": compression.stats()})
 
 
 class Tower(torch.nn.Module):
@@ -276,6 +276,7 @@ SCENARIOS = {
     "topk_nonfinite": lambda: linear_scenario("topk_nonfinite", lambda: grace.topk(0.05), poison=3),
     "topk_skip3": lambda: linear_scenario("topk_skip3", lambda: grace.topk(0.05), skip=(3,)),
     "resume": resume,
+    "resume_bucket": lambda: resume("resume_bucket", lambda: grace.topk(0.05, granularity="bucket")),
     "tower_small": lambda: tower("tower_small", 0.1),
     "tower_large": lambda: tower("tower_large", 25),
     # find_unused_parameters: DDP's first buckets, never rebuilt
