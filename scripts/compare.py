@@ -58,6 +58,7 @@ import workloads  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINES = ("fp32", "hvd-fp16")
 ALONE = "alone"  # the rate column of the one-worker run with no communication
+FRAMEWORK_NAMES = {"torch": "PyTorch", "tf": "TensorFlow", "ddp": "PyTorch DDP"}  # in the tables
 METRIC = {"mnist": ("test_accuracy", "max", workloads.MNIST["target"]),
           "lstm": ("perplexity", "min", workloads.LSTM["target"]),
           "words": ("perplexity", "min", workloads.WORDS["target"]),
@@ -529,7 +530,7 @@ def end_to_end_markdown(rows: list[dict]) -> str:
         return ""
     runs = [r for r in rows if r["rate"] != ALONE and (r["workload"], r["framework"]) in limits]
     frameworks = list(dict.fromkeys(r["framework"] for r in runs))
-    names = {"torch": "PyTorch", "tf": "TensorFlow", "ddp": "PyTorch DDP"}
+    names = FRAMEWORK_NAMES
     lines = []
     for workload, rate, n in dict.fromkeys((r["workload"], r["rate"], r["workers"]) for r in runs):
         alone = ", ".join(f"{names.get(fw, fw)} {limits[(workload, fw)]:.1f}" for fw in frameworks
@@ -568,7 +569,7 @@ def step_time_markdown(rows: list[dict]) -> str:
     limits = alone_limits(rows)
     runs = [r for r in rows if r["rate"] != ALONE and (r["workload"], r["framework"]) not in limits]
     frameworks = list(dict.fromkeys(r["framework"] for r in runs))
-    names = {"torch": "PyTorch", "tf": "TensorFlow", "ddp": "PyTorch DDP"}
+    names = FRAMEWORK_NAMES
     lines = []
     for workload, rate, n in dict.fromkeys((r["workload"], r["rate"], r["workers"]) for r in runs):
         here = [r for r in runs if (r["workload"], r["rate"], r["workers"]) == (workload, rate, n)]

@@ -189,7 +189,9 @@ class TorchCollectives:
         return self.sum(tensor) / self.size
 
     def barrier(self) -> None:
-        self.sum(__import__("torch").zeros(1))
+        import torch
+
+        self.sum(torch.zeros(1))
 
 
 def run_torch(args, spec):
