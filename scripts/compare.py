@@ -68,13 +68,19 @@ COLUMNS = ["workload", "framework", "compression", "rate", "workers", "status", 
            "payload_kib_per_step", "wire_kib_per_step", "metric", "final", "time_to_target_s"]
 
 
+def is_named(compression: str) -> bool:
+    """Whether a compression is one of the engines' own, by name (``fp32``, ``hvd-fp16``, PyTorch's
+    DDP hooks), rather than grace's ``from_params`` JSON object."""
+    return compression in BASELINES or compression in torch_hooks.HOOKS
+
+
 def parse_compression(text: str) -> str:
     """``fp32``, ``hvd-fp16``, one of PyTorch's DDP hooks (``torch_hooks.HOOKS``: ``torch-fp16``,
     ``torch-powersgd-r1``, ...), or ``name:key=value,...`` (values parsed as JSON, else strings) to
     the worker's ``--compression`` argument; bad names and parameters fail here, before any run."""
     if text in torch_hooks.NOT_ON_GLOO:  # these runs are on CPUs, over Gloo
         raise ValueError(f"{text} does not run on Gloo: {torch_hooks.NOT_ON_GLOO[text]}")
-    if text in BASELINES or text in torch_hooks.HOOKS:
+    if is_named(text):
         return text
     name, _, rest = text.partition(":")
     params: dict = {"compressor": name}
@@ -185,7 +191,7 @@ def _last_error(output: str) -> str:
 
 
 def label(compression: str) -> str:
-    if compression in BASELINES or compression in torch_hooks.HOOKS:
+    if is_named(compression):
         return compression
     params = json.loads(compression)
     name = params.pop("compressor")

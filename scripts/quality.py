@@ -97,7 +97,7 @@ def learning_rate(name: str, workload: str, optimizer: str) -> float | None:
 
 def compressor_of(compression: str) -> str:
     """The algorithm's name (its learning rate and target go by it); PyTorch's DDP hooks by theirs."""
-    if compression in compare.BASELINES or compression in compare.torch_hooks.HOOKS:
+    if compare.is_named(compression):
         return compression
     return json.loads(compression)["compressor"]
 
@@ -110,7 +110,7 @@ def momentum_to_compressor(compression: str, optimizer: str = "sgd") -> tuple[st
     ``beta_1`` over is given Adam's 0.9. The optimizer then has none (SGD's momentum, Adam's
     ``beta_1``): (the compression, the optimizer's momentum, ``None`` where it keeps its own).
     Random-k's takeover of Adam's moments has no by-hand equivalent: left as it is."""
-    if compression in compare.BASELINES or compression in compare.torch_hooks.HOOKS:
+    if compare.is_named(compression):
         return compression, None
     import grace
     from grace.memories.residual import DelayedResidualMemory
