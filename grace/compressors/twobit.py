@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
+from grace.buckets import Buckets
 from grace.compressor import Compressor, Tabled, compute_dtype, numel_of
-from grace.validation import check_bool, check_positive
+from grace.validation import check_bool, check_int, check_positive
 
 
 class TwoBit(Tabled, Compressor):
@@ -27,41 +28,61 @@ class TwoBit(Tabled, Compressor):
     Computing", Interspeech 2015; Apache MXNet, "Gradient Compression" (``kvstore``)."""
 
     name = "twobit"
+    layout_sensitive = True  # with bucket_size, blocks of consecutive elements
     default_memory = "momentum"  # error feedback on the velocity, SGD's momentum taken over
     default_communicator = "allgather"
 
-    def __init__(self, threshold: float = 1.0, relative: bool = True):
+    def __init__(self, threshold: float = 1.0, relative: bool = True, bucket_size: int = 0):
         self.threshold = check_positive("threshold", threshold)
         self.relative = check_bool("relative", relative)
+        self.bucket_size = check_int("bucket_size", bucket_size, minimum=0)
 
     def params(self):
-        return {"threshold": self.threshold, "relative": self.relative}
+        # bucket_size only where set: a per-tensor two-bit reads (and checkpoints) as it always has.
+        return {"threshold": self.threshold, "relative": self.relative} | (
+            {"bucket_size": self.bucket_size} if self.bucket_size else {})
 
-    def _threshold(self, x, ctx, ops):
+    def _buckets(self, numel: int) -> Buckets:
+        # An absolute threshold is one value for every element: one bucket, whatever bucket_size.
+        return Buckets.of(numel, self.bucket_size if self.relative else 0)
+
+    def _thresholds(self, rows, buckets, ctx, ops):
+        """Each bucket's ``t``, as a 1-d tensor of ``rows``' dtype."""
         if not self.relative:
-            return ops.constant([self.threshold], compute_dtype(ctx.dtype), like=x)
-        return ops.scale(ops.norm(x), self.threshold / math.sqrt(max(ctx.numel, 1)))
+            return ops.constant([self.threshold], ops.dtype(rows), like=rows)
+        # threshold / sqrt(length) from Python floats, so that one bucket gives t exactly as
+        # threshold x the tensor's root mean square in float32 (tests/reference.py).
+        last = ctx.numel - (buckets.count - 1) * buckets.size
+        per = [self.threshold / math.sqrt(buckets.size)] * (buckets.count - 1) + \
+            [self.threshold / math.sqrt(max(last, 1))]
+        return ops.mul(ops.row_norms(rows), ops.constant(per, ops.dtype(rows), like=rows))
 
     def encode(self, flat, name, ctx, ops):
-        x = ops.cast(flat, compute_dtype(ctx.dtype))
-        t = self._threshold(x, ctx, ops)
-        dtype = ops.dtype(x)
-        up = ops.cast(ops.greater_equal(x, t), dtype)  # 3 (11) at or above t
-        # 2 (10) at or below -t; below 0 too, so that t = 0 (an all-zero tensor) codes 0 as 11 only
-        down = ops.mul(ops.cast(ops.greater_equal(ops.scale(x, -1.0), t), dtype),
-                       ops.cast(ops.less(x, 0.0), dtype))
-        codes = ops.add(ops.scale(up, 3.0), ops.scale(down, 2.0))
+        buckets = self._buckets(ctx.numel)
+        rows = buckets.rows(ops.cast(flat, compute_dtype(ctx.dtype)), ops)
+        t = self._thresholds(rows, buckets, ctx, ops)
+        column = buckets.column(t, ops) if self.relative else t
+        dtype = ops.dtype(rows)
+        up = ops.cast(ops.greater_equal(rows, column), dtype)  # 3 (11) at or above t
+        # 2 (10) at or below -t; below 0 too, so that t = 0 (an all-zero bucket) codes 0 as 11 only.
+        # The padding's zeros code 00 (or 11 where t = 0): both decode to 0, and are not sent.
+        down = ops.mul(ops.cast(ops.greater_equal(ops.scale(rows, -1.0), column), dtype),
+                       ops.cast(ops.less(rows, 0.0), dtype))
+        codes = buckets.flat(ops.add(ops.scale(up, 3.0), ops.scale(down, 2.0)), ops)
         packed = ops.pack_bits(ops.cast(codes, "int32"), 2)
         return [ops.cast(t, ctx.dtype), packed] if self.relative else [packed]
 
     def tables(self, payload, ctx, ops):
+        buckets = self._buckets(ctx.numel)
         if self.relative:
             t, packed = payload
         else:
             (packed,) = payload
             t = ops.constant([self.threshold], ctx.dtype, like=packed)
         signs = ops.constant([0.0, 0.0, -1.0, 1.0], ctx.dtype, like=packed)  # codes 00, 01, 10, 11
-        return packed, 2, ops.reshape(ops.mul(signs, ops.cast(t, ctx.dtype)), (1, 4)), max(ctx.numel, 1)
+        tables = ops.mul(buckets.column(ops.cast(t, ctx.dtype), ops), ops.reshape(signs, (1, 4)))
+        return packed, 2, tables, buckets.size
 
     def payload_nbytes(self, shape, itemsize):
-        return math.ceil(numel_of(shape) * 2 / 8) + (itemsize if self.relative else 0)
+        thresholds = self._buckets(numel_of(shape)).count if self.relative else 0
+        return math.ceil(numel_of(shape) * 2 / 8) + thresholds * itemsize
