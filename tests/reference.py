@@ -102,20 +102,30 @@ def onebit_with_residual(bucket=512):
     return compress
 
 
-def twobit_with_residual(threshold=1.0, relative=True):
+def twobit_with_residual(threshold=1.0, relative=True, bucket_size=None):
     """Two-bit quantization with error feedback (MXNet's 2bit, Strom 2015): each element of
     (gradient + residual) becomes +t at or above t, -t at or below -t, else 0; ``t`` is
-    ``threshold``, times the compensated tensor's root mean square where ``relative``; the rest is
-    the new residual. In float32, as the compressor quantizes (its root mean square in float64)."""
+    ``threshold``, times the root mean square of the element's bucket of ``bucket_size``
+    consecutive elements (0: the whole tensor; by default 512) of the compensated tensor where
+    ``relative``; the rest is the new residual. In float32, as the compressor quantizes (root mean
+    squares in float64)."""
     residuals = {}
+    if bucket_size is None:  # the compressor's default: buckets of 512 where the threshold is relative
+        bucket_size = 512 if relative else 0
 
-    def compress(name, rank, step, g):
-        c = (g + residuals.get((name, rank), 0.0)).astype(np.float32)
+    def quantize(c):
         t = np.float32(threshold)
         if relative:
             t = np.float32(np.float32(np.sqrt(np.sum(c.astype(np.float64) ** 2)))
                            * np.float32(threshold / np.sqrt(c.size)))
-        sent = np.where(c >= t, t, np.where(-c >= t, -t, np.float32(0.0))).astype(np.float32)
+        return np.where(c >= t, t, np.where(-c >= t, -t, np.float32(0.0))).astype(np.float32)
+
+    def compress(name, rank, step, g):
+        c = (g + residuals.get((name, rank), 0.0)).astype(np.float32)
+        flat = c.reshape(-1)
+        size = flat.size if bucket_size == 0 else bucket_size
+        sent = np.concatenate([quantize(flat[i:i + size]) for i in range(0, flat.size, size)])
+        sent = sent.reshape(c.shape)
         residuals[(name, rank)] = c - sent
         return sent
     return compress

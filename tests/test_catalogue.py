@@ -274,14 +274,49 @@ def test_twobit_codes_an_all_zero_tensor_as_zeros(tensor):
 
 
 def test_twobit_relative_threshold_is_a_multiple_of_the_root_mean_square(tensor):
+    """bucket_size=0: one t for the whole tensor."""
     x = gaussian(1000, 5)
-    payload, ctx = grace.twobit(1.5).compressor.compress(tensor(x), "w")
+    payload, ctx = grace.twobit(1.5, bucket_size=0).compressor.compress(tensor(x), "w")
     t = 1.5 * float(np.sqrt(np.mean(x.astype(np.float64) ** 2)))
     assert as_numpy(payload[0])[0] == pytest.approx(t, rel=1e-6)
-    out = as_numpy(grace.twobit(1.5).compressor.decompress(payload, ctx))
+    out = as_numpy(grace.twobit(1.5, bucket_size=0).compressor.decompress(payload, ctx))
     far = np.abs(np.abs(x) - t) > 1e-5 * t
     expected = np.where(x >= t, t, np.where(x <= -t, -t, 0.0))
     np.testing.assert_allclose(out[far], expected[far], rtol=1e-6)
+
+
+@pytest.mark.parametrize("numel,bucket_size", [(1000, 512), (1000, 300), (7, 4), (512, 512)])
+def test_twobit_relative_threshold_per_bucket_is_each_buckets_root_mean_square(tensor, numel, bucket_size):
+    """One t per bucket of consecutive elements: threshold x that bucket's root mean square (the
+    last bucket's over its own elements, not the padding). Buckets of very different scales, so a
+    single t for the tensor would send a different set of elements."""
+    x = gaussian(numel, 6) * np.repeat(np.float32([1.0, 100.0, 0.01, 3.0]), -(-numel // 4))[:numel]
+    c = grace.twobit(1.5, bucket_size=bucket_size).compressor
+    payload, ctx = c.compress(tensor(x), "w")
+    ts, packed = (as_numpy(p) for p in payload)
+    starts = range(0, numel, bucket_size)
+    expected_t = [1.5 * float(np.sqrt(np.mean(x[i:i + bucket_size].astype(np.float64) ** 2))) for i in starts]
+    np.testing.assert_allclose(ts, expected_t, rtol=1e-6)
+    assert packed.nbytes == math.ceil(numel * 2 / 8)
+    assert c.payload_nbytes((numel,), 4) == ts.nbytes + packed.nbytes
+    out = as_numpy(c.decompress(payload, ctx))
+    t = np.repeat(np.float32(expected_t), bucket_size)[:numel]
+    far = np.abs(np.abs(x) - t) > 1e-5 * t
+    expected = np.where(x >= t, t, np.where(x <= -t, -t, 0.0))
+    np.testing.assert_allclose(out[far], expected[far], rtol=1e-6)
+    whole = grace.twobit(1.5, bucket_size=0).compressor
+    one_t = as_numpy(whole.decompress(*whole.compress(tensor(x), "w")))
+    assert len(ts) == 1 or not np.array_equal(one_t != 0, out != 0)
+
+
+def test_twobit_bucket_size_needs_a_relative_threshold():
+    with pytest.raises(ValueError, match=r"bucket_size=512 needs relative=True.*leave bucket_size out"):
+        grace.twobit(0.5, relative=False, bucket_size=512)
+    with pytest.raises(ValueError, match=r"bucket_size must be an int >= 0, got -1"):
+        grace.twobit(bucket_size=-1)
+    assert grace.twobit().compressor.params() == {"threshold": 1.0, "relative": True, "bucket_size": 512}
+    assert grace.twobit(0.5, relative=False).compressor.params() == {"threshold": 0.5, "relative": False}
+    assert grace.twobit(0.5, relative=False).compressor.bucket_size == 0
 
 
 @pytest.mark.parametrize("threshold", [0, -0.5, float("inf"), float("nan"), "0.5", True])
@@ -365,7 +400,8 @@ def test_bit_counts_of_payloads(tensor, numel):
     assert nbytes(grace.efsignsgd()) == [4 * buckets, math.ceil(numel / 8)]   # a scale per bucket
     assert nbytes(grace.onebit()) == [8 * buckets, math.ceil(numel / 8)]      # two means per bucket
     assert nbytes(grace.terngrad()) == [4, math.ceil(numel * 2 / 8)]
-    assert nbytes(grace.twobit()) == [4, math.ceil(numel * 2 / 8)]     # relative: its threshold too
+    assert nbytes(grace.twobit()) == [4 * buckets, math.ceil(numel * 2 / 8)]  # relative: a t per bucket
+    assert nbytes(grace.twobit(bucket_size=0)) == [4, math.ceil(numel * 2 / 8)]
     assert nbytes(grace.twobit(0.5, relative=False)) == [math.ceil(numel * 2 / 8)]
     norms = 4 * buckets                                                # one per bucket of 512
     assert nbytes(grace.qsgd(1)) == [norms, math.ceil(numel * 2 / 8)]   # s = 1: 2 bits

@@ -91,12 +91,14 @@ def bound_holds(name, pipeline, x, out):
         return np.all(out >= x.min() - slack) and np.all(out <= x.max() + slack)
     if name == "inceptionn":
         return np.all(np.abs(out - x) <= c.error_bound / 2 + 1e-6 * np.abs(x))
-    if name == "twobit":  # ±t at or beyond t (t: threshold x the root mean square), else 0
-        t = c.threshold * (float(np.sqrt(np.mean(x * x))) if c.relative else 1.0)
-        sent = np.unique(np.abs(out[out != 0]))
-        beyond, within = np.abs(x) >= t * (1 + 1e-5), np.abs(x) < t * (1 - 1e-5)
-        return len(sent) <= 1 and np.allclose(sent, t, rtol=1e-5) and \
-            np.all(out[within] == 0) and np.all(np.sign(out[beyond]) == np.sign(x[beyond]))
+    if name == "twobit":  # per bucket, ±t at or beyond t (threshold x its root mean square), else 0
+        def holds(xb, ob):
+            t = c.threshold * (float(np.sqrt(np.mean(xb.astype(np.float64) ** 2))) if c.relative else 1.0)
+            sent = np.unique(np.abs(ob[ob != 0]))
+            beyond, within = np.abs(xb) >= t * (1 + 1e-5), np.abs(xb) < t * (1 - 1e-5)
+            return len(sent) <= 1 and np.allclose(sent, t, rtol=1e-5) and \
+                np.all(ob[within] == 0) and np.all(np.sign(ob[beyond]) == np.sign(xb[beyond]))
+        return all(holds(x[b], out[b]) for b in buckets_of(c, x))
     if name == "powersgd":
         # One worker's round trip is P Pᵀ M, with P orthonormal: an orthogonal projection of M, so
         # ||M - out||² + ||out||² = ||M||² (Pythagoras), and ||out|| <= ||M||.
