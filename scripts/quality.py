@@ -316,7 +316,7 @@ def ddp_markdown(rows: list[dict]) -> str:
             verdict = "" if target is None or r["compressor"] == "fp32" else \
                 f"≤ {target:g} {'✓' if r.get('met') else '✗'}"
             # Given by hand, the momentum Horovod's wrapper takes over: set beside Horovod's run.
-            same = horovod.get(r["compressor"]) or (horovod.get(r["compressor"].split("(")[0])
+            same = horovod.get(r["compressor"]) or (horovod.get(without_given_momentum(r["compressor"]))
                                                     if r.get("optimizer_momentum") is not None else None)
             other = (same or {}).get("final")
             lines.append(" | ".join([
@@ -324,6 +324,14 @@ def ddp_markdown(rows: list[dict]) -> str:
                 "–" if r.get("gap") is None else f"{r['gap']:+.2f}", verdict,
                 "–" if other is None else f"{other:.4f}", f"{r['bytes_per_step']:,}"]) + " |")
     return "\n" + "\n".join(lines) if lines else ""
+
+
+def without_given_momentum(label: str) -> str:
+    """A compressor's label without the momentum given to it by hand (``momentum=``, signum's
+    ``beta=``): the label of the Horovod run that took that momentum over from the optimizer."""
+    name, _, params = label.partition("(")
+    kept = [p for p in params.rstrip(")").split(", ") if p and not p.startswith(("momentum=", "beta="))]
+    return f"{name}({', '.join(kept)})" if kept else name
 
 
 # --- plot ---------------------------------------------------------------------------------------

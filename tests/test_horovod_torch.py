@@ -95,11 +95,12 @@ def test_randomk_allreduce_shared_indices(gloo_run):
     ("twobit", lambda: reference.twobit_with_residual(1.0)),
     ("twobit_absolute", lambda: reference.twobit_with_residual(0.05, relative=False))])
 def test_twobit_quantizes_to_plus_minus_threshold_with_error_feedback(gloo_run, name, model):
-    """Two-bit quantization (MXNet's 2bit) on W, its threshold relative to the root mean square or
-    absolute, each worker's error kept as its residual; b (8 elements) travels dense. Per step: W's
-    1280 codes in 320 bytes (and the relative threshold, 4 bytes), b's 32 bytes."""
+    """Two-bit quantization (MXNet's 2bit) on W, its threshold relative to the root mean square of
+    each bucket of 512 elements or absolute, each worker's error kept as its residual; b (8
+    elements) travels dense. Per step: W's 1280 codes in 320 bytes (and the relative thresholds of
+    its 3 buckets, 12 bytes), b's 32 bytes."""
     infos = check(gloo_run, name, reference.simulate(model()))
-    sent = 320 + (4 if name == "twobit" else 0) + 8 * 4
+    sent = 320 + (3 * 4 if name == "twobit" else 0) + 8 * 4
     assert infos[0]["stats"]["bytes_sent"] == STEPS_TRAINED * sent
 
 

@@ -88,3 +88,22 @@ def test_a_gap_is_only_to_fp32_of_the_same_code():
     rows = {r["compressor"]: r for r in quality.summarize([fp32, same, older])}
     assert rows["onebit"]["gap"] == pytest.approx(0.7) and rows["onebit"]["met"]
     assert "gap" not in rows["topk"] and "met" not in rows["topk"] and rows["topk"]["final"] == 0.85
+
+
+def test_a_ddp_run_given_its_momentum_sits_beside_horovods_run_with_the_same_other_settings():
+    """Under DDP the momentum Horovod's wrapper takes over is given to the compressor by hand; the
+    table sets the run beside Horovod's of the same compressor and every other setting, not beside
+    one whose other settings differ."""
+    def of(framework, compression, accuracy, momentum=None):
+        r = {**run(compression, 0, accuracy), "framework": framework, "optimizer": "sgd"}
+        return r if momentum is None else {**r, "optimizer_momentum": momentum}
+
+    rows = quality.summarize([
+        of("torch", "fp32", 0.887), of("ddp", "fp32", 0.887),
+        of("torch", '{"compressor": "twobit", "bucket_size": 0}', 0.8721),
+        of("torch", '{"compressor": "twobit"}', 0.8796),
+        of("ddp", '{"compressor": "twobit", "momentum": 0.9, "bucket_size": 0}', 0.8719, momentum=0.0)])
+    line = next(x for x in quality.ddp_markdown(rows).splitlines() if x.startswith("| twobit("))
+    assert line.split(" | ")[5] == "0.8721"  # Horovod's per-tensor run, not the default's 0.8796
+    assert quality.without_given_momentum("signum(beta=0.9)") == "signum"
+    assert quality.without_given_momentum("topk(ratio=0.01, momentum=0.5)") == "topk(ratio=0.01)"

@@ -18,12 +18,18 @@ SCRIPT = os.path.join(ROOT, "scripts", "simulate_mnist.py")
 RUNS = {
     "adam": ("--spec", "fp32", "--optimizer", "adam", "--passes", "1"),
     "owners": ("--spec", "topk:ratio=0.01;communicator=alltoall", "--workers", "4", "--passes", "1"),
+    "gathered": ("--spec", "topk:ratio=0.01;communicator=allgather", "--workers", "4", "--passes", "1"),
 }
+# Top-k(0.01) at 4 simulated workers, one pass, seeds 0-4: through the owners 0.807, 0.785, 0.818,
+# 0.808, 0.812; gathered 0.790, 0.795, 0.808, 0.821, 0.800. The owners' second encoding moves the
+# accuracy by +1.7, -1.0, +1.0, -1.3, +1.1 points (mean +0.3, standard deviation 1.3): 3 points
+# is above every seed's difference, and about 2.3 deviations.
+OWNERS_WITHIN_POINTS = 3.0
 
 
 @pytest.fixture(scope="module")
 def runs():
-    """Both simulations at once: each is one single-threaded process, and this machine has 2 cores."""
+    """The simulations at once: each is one single-threaded process."""
     started = {name: subprocess.Popen([sys.executable, SCRIPT, *args], stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                       env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -55,12 +61,15 @@ def test_one_pass_of_uncompressed_adam_trains(runs):
     assert out["accuracy"][0] >= 0.82
 
 
-def test_four_workers_train_through_the_shards_owners(runs):
-    """Top-k(0.01) through the owners at 4 workers ends its first pass at 0.78 here, as 4 real
-    workers did (0.797, docs/results/alltoall/mnist-4workers.json); 0.7 fails a run whose owners
-    lost the exchange (0.10 is chance)."""
-    out = result(runs["owners"])
-    assert out["workers"] == 4 and out["accuracy"][0] >= 0.7
+def test_four_workers_train_through_the_shards_owners_as_well_as_gathered(runs):
+    """Top-k(0.01) through the owners at 4 workers ends its first pass within 3 points of the same
+    compressor gathered, same seed and length (0.807 against 0.790 here; 4 real workers reached
+    0.797 through the owners, docs/results/alltoall/mnist-4workers.json): the bound is the seeds'
+    spread above. A run whose owners lost the exchange ends near 0.10."""
+    owners, gathered = result(runs["owners"]), result(runs["gathered"])
+    assert owners["workers"] == gathered["workers"] == 4 and gathered["accuracy"][0] >= 0.75
+    gap = abs(owners["accuracy"][0] - gathered["accuracy"][0]) * 100
+    assert gap <= OWNERS_WITHIN_POINTS, (owners, gathered)
 
 
 @pytest.mark.parametrize("args, message", [
