@@ -121,6 +121,9 @@ class Compressor(ABC):
       (signSGD's votes), so that the owners' second encoding loses nothing without a residual.
     - ``adam_caution``: where the compressor is measured to fall short of uncompressed training with
       Adam, what the wrapper tells a user who wraps Adam (logged once, on rank 0), else ``None``.
+    - ``owners_caution``: where the owners' second encoding of its combined payloads
+      (``communicator="alltoall"``) is measured to cost accuracy that gathering keeps, why, else
+      ``None``; ``communicator="auto"`` then gathers its payloads at any size.
     """
 
     name: ClassVar[str] = "abstract"
@@ -135,6 +138,7 @@ class Compressor(ABC):
     elementwise: ClassVar[bool] = False
     layout_sensitive: ClassVar[bool] = False
     adam_caution: ClassVar[str | None] = None
+    owners_caution: ClassVar[str | None] = None
     sends_exactly: ClassVar[bool] = False
     state_store: StateStore = DEFAULT
     """Where state kept across steps is read and written (``grace.state``): the pipeline's own."""

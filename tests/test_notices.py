@@ -22,15 +22,17 @@ def test_randomk_says_its_floor_overrides_the_ratio_on_small_tensors():
     assert grace.randomk(0.01, min_kept=1).notices(2) == []
 
 
-@pytest.mark.parametrize("name", ["topk", "qsgd", "onebit", "signsgd"])
+@pytest.mark.parametrize("name", ["topk", "qsgd", "onebit", "signsgd", "twobit"])
 def test_auto_says_when_it_goes_through_the_owners(name):
-    """From ALLTOALL_FROM (5) workers, where the owners keep what they round away; not below, and
-    not when the user named the communicator."""
+    """From ALLTOALL_FROM (5) workers, where the owners keep what they round away and their second
+    encoding is not measured short; not below, and not when the user named the communicator."""
     pipeline = grace.build(name)
     goes = pipeline.communicator.resolve(5) is not pipeline.communicator.resolve(4)
     lines = [line for line in pipeline.notices(5) if "communicator='auto'" in line]
     assert len(lines) == int(goes)
-    assert goes == (name != "qsgd")  # QSGD has no memory: gathered at any size
+    # QSGD has no memory; two-bit's owners are measured short (owners_caution): gathered at any size
+    assert goes == (name not in ("qsgd", "twobit"))
+    assert type(pipeline.communicator.resolve(64)).__name__ == ("Allgather" if not goes else "Alltoall")
     assert not [line for line in pipeline.notices(4) if "communicator='auto'" in line]
     assert not [line for line in grace.build(name, communicator="allgather").notices(64)
                 if "communicator" in line]

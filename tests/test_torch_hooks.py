@@ -217,11 +217,13 @@ def test_the_ddp_quality_tables_in_the_docs_are_the_recorded_runs():
         assert body == quality.ddp_markdown(quality.summarize(quality.merge(runs))).strip()
 
 
-def test_the_ddp_throughput_tables_in_the_docs_are_the_recorded_runs():
-    """docs/ddp.md's throughput tables beside Horovod are compare.py's, from every repeat of the
-    recorded runs, each figure a median of at least three."""
+@pytest.mark.parametrize("page", ["ddp.md", "results.md"])
+def test_the_throughput_tables_in_the_docs_are_the_recorded_runs(page):
+    """docs/ddp.md's throughput tables beside Horovod, and results.md's of two-bit beside its
+    neighbours, are compare.py's, from every repeat of the recorded runs, each figure a median of
+    at least three."""
 
-    blocks = _generated_blocks("ddp.md", "compare.py --from-json")
+    blocks = _generated_blocks(page, "compare.py --from-json")
     assert blocks
     for files, body in blocks:
         rows = compare.medians(compare.read_runs(files))

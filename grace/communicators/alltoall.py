@@ -277,7 +277,8 @@ class Auto(Communicator):
     """The communicator chosen by the job's size (the default of every compressor whose payloads
     are gathered): ``allgather`` up to ``ALLTOALL_FROM - 1`` workers, ``alltoall`` from
     ``ALLTOALL_FROM`` on, so that the bytes per worker stay flat on large jobs, where the owners'
-    second encoding loses nothing for good (``owners_keep_it``), else ``allgather`` at any size;
+    second encoding loses nothing for good (``owners_keep_it``) and is not measured to cost
+    accuracy (``Compressor.owners_caution``), else ``allgather`` at any size;
     ``allreduce`` for a compressor whose payloads add up (already flat). Decided per process set,
     when the exchange starts."""
 
@@ -295,7 +296,7 @@ class Auto(Communicator):
         self._summed = compressor.summable or compressor.rounds > 1
         if self._summed:
             self._sum.bind(compressor)
-        self._owners = owners_keep_it(compressor, memory)
+        self._owners = owners_keep_it(compressor, memory) and compressor.owners_caution is None
 
     def resolve(self, size: int) -> Communicator:
         if self._summed:
