@@ -309,12 +309,43 @@ def test_twobit_relative_threshold_per_bucket_is_each_buckets_root_mean_square(t
     assert len(ts) == 1 or not np.array_equal(one_t != 0, out != 0)
 
 
+def test_twobit_codes_an_all_zero_bucket_as_zeros_beside_a_non_zero_one(tensor):
+    """A bucket of zeros has t = 0 (every element 11, decoded 0); the next bucket keeps its own t."""
+    x = np.concatenate([np.zeros(512, np.float32), gaussian(300, 1)])
+    c = grace.twobit().compressor
+    payload, ctx = c.compress(tensor(x), "w")
+    ts, packed = (as_numpy(p) for p in payload)
+    assert ts[0] == 0.0 and ts[1] == pytest.approx(float(np.sqrt(np.mean(x[512:].astype(np.float64) ** 2))),
+                                                   rel=1e-6)
+    assert list(packed[:128]) == [0xFF] * 128
+    out = as_numpy(c.decompress(payload, ctx))
+    assert not out[:512].any()
+    far = np.abs(np.abs(x[512:]) - ts[1]) > 1e-5 * ts[1]
+    expected = np.where(x[512:] >= ts[1], ts[1], np.where(x[512:] <= -ts[1], -ts[1], 0.0))
+    np.testing.assert_allclose(out[512:][far], expected[far], rtol=1e-6)
+
+
+def test_twobit_sends_a_float16_threshold_beyond_its_range_as_its_largest_value():
+    """float16 gradients whose t (threshold x root mean square) exceeds 65504: t travels as 65504,
+    not inf, which would decode the elements sent as 0 to 0 x inf = NaN; the residual keeps the rest."""
+    x = torch.tensor([60000.0, -60000.0, 1.0, 0.0] * 4, dtype=torch.float16)
+    pipeline = grace.twobit(threshold=2.0)
+    payload, ctx = pipeline.compressor.compress(x, "w")
+    assert float(payload[0][0]) == 65504.0
+    out = pipeline.compressor.decompress(payload, ctx)
+    assert torch.isfinite(out).all() and not out.any()  # nothing reaches t = 2 x 42426
+
+
 def test_twobit_bucket_size_needs_a_relative_threshold():
     with pytest.raises(ValueError, match=r"bucket_size=512 needs relative=True.*leave bucket_size out"):
         grace.twobit(0.5, relative=False, bucket_size=512)
     with pytest.raises(ValueError, match=r"bucket_size must be an int >= 0, got -1"):
         grace.twobit(bucket_size=-1)
     assert grace.twobit().compressor.params() == {"threshold": 1.0, "relative": True, "bucket_size": 512}
+    # Buckets of consecutive elements: TensorFlow hands it Keras's kernels in PyTorch's order.
+    assert grace.twobit().compressor.layout_sensitive
+    assert not grace.twobit(bucket_size=0).compressor.layout_sensitive
+    assert not grace.twobit(0.5, relative=False).compressor.layout_sensitive
     assert grace.twobit(0.5, relative=False).compressor.params() == {"threshold": 0.5, "relative": False}
     assert grace.twobit(0.5, relative=False).compressor.bucket_size == 0
 

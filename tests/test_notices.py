@@ -38,6 +38,15 @@ def test_auto_says_when_it_goes_through_the_owners(name):
                 if "communicator" in line]
 
 
+def test_twobit_named_through_the_owners_says_it_is_measured_short_there():
+    """communicator='alltoall' is the user's to name; for two-bit, measured short through the owners,
+    it says why and what gathers instead, on rank 0 once. Nothing for 1-bit, whose owners are not."""
+    (line,) = grace.build("twobit", communicator="alltoall").notices(8)
+    assert "twobit through the shards' owners" in line and "second two-bit encoding" in line
+    assert "communicator='auto' or 'allgather' gathers" in line
+    assert grace.build("onebit", communicator="alltoall").notices(8) == []
+
+
 def test_nothing_to_say_for_a_compressor_that_changes_nothing():
     for name in ("none", "fp16", "topk", "qsgd", "powersgd"):
         assert grace.build(name).notices(2) == []

@@ -159,6 +159,15 @@ def test_qsgd_bound_over_levels(levels, x):
     assert bound_holds("qsgd", pipeline, x, roundtrip(pipeline, x))
 
 
+@pytest.mark.parametrize("bucket_size", [1, 3, 7, 0])
+@SETTINGS
+@given(x=hnp.arrays(np.float64, st.integers(1, 300), elements=VALUES))
+def test_twobit_bound_per_bucket(bucket_size, x):
+    """Many buckets, ragged last ones among them: ±t of each bucket's own root mean square."""
+    pipeline = grace.twobit(bucket_size=bucket_size)
+    assert bound_holds("twobit", pipeline, x, roundtrip(pipeline, x))
+
+
 # --- awkward values for quantizers with tables or ranges ----------------------------------------
 AWKWARD = {
     "zeros": np.zeros(257, np.float32),

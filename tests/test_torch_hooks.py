@@ -225,6 +225,10 @@ def test_the_throughput_tables_in_the_docs_are_the_recorded_runs(page):
 
     blocks = _generated_blocks(page, "compare.py --from-json")
     assert blocks
+    if page == "results.md":  # two-bit's end-to-end and exchange rows, from its runs
+        assert [files for files, _ in blocks] == [[os.path.join(ROOT, "docs/results/twobit", f)]
+                                                 for f in ("resnet50.json", "exchange.json")]
+        assert all("| twobit |" in body for _, body in blocks)
     for files, body in blocks:
         rows = compare.medians(compare.read_runs(files))
         assert all(r["status"] != "ok" or len(r["repeats"]) >= 3 for r in rows)

@@ -166,6 +166,7 @@ class Alltoall(Communicator):
 
     name = "alltoall"
     shards = True  # the pipeline encodes with a ShardCodec for it
+    _caution: str | None = None
 
     def bind(self, compressor, memory=None):
         if compressor.rounds > 1 or compressor.summable:
@@ -174,6 +175,15 @@ class Alltoall(Communicator):
                 f"cannot be added up; {compressor.name!r} payloads are summed by an allreduce, whose "
                 f"bytes per worker already stay flat as workers are added: use "
                 f"communicator='allreduce'")
+        self._caution = compressor.owners_caution
+
+    def notice(self, size: int, compressor: str) -> str | None:
+        """Named by the user for a compressor measured short through the owners: why, and what
+        gathers instead."""
+        if self._caution is None:
+            return None
+        return (f"grace: {compressor} through the shards' owners (communicator='alltoall'): "
+                f"{self._caution}; communicator='auto' or 'allgather' gathers its payloads instead")
 
     def start(self, payloads, varies, flag, tag, group, ops, entries=()):
         n, rank = group.size, group.rank

@@ -8,6 +8,9 @@ from grace.buckets import DEFAULT_BUCKET_SIZE, Buckets
 from grace.compressor import Compressor, Tabled, compute_dtype, numel_of
 from grace.validation import check_bool, check_int, check_positive
 
+# The largest finite float16: a larger t is sent as this, and error feedback keeps the rest.
+FLOAT16_MAX = 65504.0
+
 
 class TwoBit(Tabled, Compressor):
     """Two-bit quantization with error feedback, as MXNet's gradient compression ships it (``'type':
@@ -64,11 +67,15 @@ class TwoBit(Tabled, Compressor):
         if not self.relative:
             return ops.constant([self.threshold], ops.dtype(rows), like=rows)
         # threshold / sqrt(length) from Python floats, so that one bucket gives t exactly as
-        # threshold x the tensor's root mean square in float32 (tests/reference.py).
+        # threshold x the tensor's root mean square in float32 (tests/reference.py); a ragged last
+        # bucket's over its own elements. No per-bucket constant: it would be made every step.
+        norms = ops.row_norms(rows)
         last = ctx.numel - (buckets.count - 1) * buckets.size
-        per = [self.threshold / math.sqrt(buckets.size)] * (buckets.count - 1) + \
-            [self.threshold / math.sqrt(max(last, 1))]
-        return ops.mul(ops.row_norms(rows), ops.constant(per, ops.dtype(rows), like=rows))
+        if last == buckets.size or buckets.count == 1:
+            return ops.scale(norms, self.threshold / math.sqrt(max(last, 1)))
+        head, tail = ops.split(norms, [buckets.count - 1, 1])
+        return ops.concat([ops.scale(head, self.threshold / math.sqrt(buckets.size)),
+                           ops.scale(tail, self.threshold / math.sqrt(last))])
 
     def encode(self, flat, name, ctx, ops):
         buckets = self.buckets(ctx.numel)
@@ -83,6 +90,8 @@ class TwoBit(Tabled, Compressor):
                        ops.cast(ops.less(rows, 0.0), dtype))
         codes = buckets.flat(ops.add(ops.scale(up, 3.0), ops.scale(down, 2.0)), ops)
         packed = ops.pack_bits(ops.cast(codes, "int32"), 2)
+        if ctx.dtype == "float16":  # a t beyond float16's range would decode 0 x inf = NaN
+            t = ops.minimum(t, FLOAT16_MAX)
         return [ops.cast(t, ctx.dtype), packed] if self.relative else [packed]
 
     def tables(self, payload, ctx, ops):
