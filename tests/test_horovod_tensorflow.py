@@ -102,14 +102,16 @@ def test_keras_through_shard_owners_matches_the_two_stage_model(tf_run):
         exchange=lambda name, step, grads: model(name, step, [g.T for g in grads]).T))
 
 
-def test_keras_kernels_reach_a_layout_sensitive_compressor_in_pytorchs_order(tf_run):
-    """Keras's Dense kernel is W transposed; 1-bit's buckets of 512 must still cut W as PyTorch
-    lays it out (frameworks/tensorflow/layout.py), so the run matches the numpy model on W. On
-    the kernel as it lies, the buckets would hold other elements: that model ends elsewhere."""
-    check(tf_run, "keras_onebit", reference.simulate(reference.onebit_with_residual()))
-    as_it_lies = reference.onebit_with_residual()
+@pytest.mark.parametrize("name, model", [("onebit", reference.onebit_with_residual),
+                                         ("twobit", reference.twobit_with_residual)])
+def test_keras_kernels_reach_a_layout_sensitive_compressor_in_pytorchs_order(tf_run, name, model):
+    """Keras's Dense kernel is W transposed; 1-bit's and two-bit's buckets of 512 must still cut W
+    as PyTorch lays it out (frameworks/tensorflow/layout.py), so the run matches the numpy model on
+    W. On the kernel as it lies, the buckets would hold other elements: that model ends elsewhere."""
+    check(tf_run, f"keras_{name}", reference.simulate(model()))
+    as_it_lies = model()
     other_w, _ = reference.simulate(lambda name, rank, step, g: as_it_lies(name, rank, step, g.T).T)
-    weights, _ = load(tf_run, "keras_onebit", 1)
+    weights, _ = load(tf_run, f"keras_{name}", 1)
     assert np.abs(weights[0]["w"] - other_w).max() > 100 * TOL
 
 

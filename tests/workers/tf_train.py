@@ -367,6 +367,7 @@ scenarios = {
     "keras_topk": lambda: keras_fit("keras_topk", grace.topk(0.05)),
     # A layout-sensitive compressor sees Keras's kernel (W transposed) in PyTorch's order, W.
     "keras_onebit": lambda: keras_fit("keras_onebit", grace.onebit(), False),
+    "keras_twobit": lambda: keras_fit("keras_twobit", grace.twobit(), False),
     "keras_horovod_none": lambda: keras_fit("keras_horovod_none", hvd.Compression.none, False),
     # The optimizer's momentum taken over (grace.momentum): Keras, TF1, and warm-up under tf.function.
     "keras_dgc_momentum": lambda: keras_fit("keras_dgc_momentum", grace.dgc(0.05, sample_ratio=1.0),
