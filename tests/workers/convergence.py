@@ -4,8 +4,9 @@ mnist workload's), for a few hundred steps; rank 0 writes each run's losses and 
 
     horovodrun -np 2 python tests/workers/convergence.py OUT.json --framework torch
 
-Each compressor starts from the same initial weights, so the runs differ by compression alone.
-signSGD and signum take the learning rate their docs give (``grace.compressors.sign``)."""
+Each compressor starts from the same initial weights and sees the same batches, so the runs differ
+by compression alone; ``fp32`` is Horovod's own uncompressed allreduce. signSGD and signum take the
+learning rate their docs give (``grace.compressors.sign``)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,11 @@ def initial_weights():
     return w1, np.zeros(HIDDEN, np.float32), w2, np.zeros(10, np.float32)
 
 
+def compression(name: str, hvd):
+    """``fp32``: Horovod's own uncompressed allreduce; else grace's compressor at its defaults."""
+    return hvd.Compression.none if name == "fp32" else grace.build(name)
+
+
 def batches(rank: int, steps: int, n: int):
     rng = np.random.default_rng(100 + rank)
     return [rng.integers(0, n, BATCH) for _ in range(steps)]
@@ -70,7 +76,7 @@ def run_torch(names, steps):
                 p.copy_(torch.from_numpy(w))
         opt = torch.optim.SGD(model.parameters(), lr=learning_rate(name), momentum=MOMENTUM)
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                       compression=grace.build(name))
+                                       compression=compression(name, hvd))
         losses = []
         for idx in batches(hvd.rank(), steps, len(train_x)):
             idx = torch.from_numpy(idx)
@@ -125,6 +131,7 @@ def summary(losses, accuracy, weights, hvd) -> dict:
     holds the same weights."""
     digests = hvd.allgather_object(hashlib.sha256(weights.tobytes()).hexdigest())
     return {"loss_start": float(np.mean(losses[:20])), "loss_end": float(np.mean(losses[-20:])),
+            "digest": digests[0],
             "finite": bool(np.isfinite(losses).all() and np.isfinite(weights).all()),
             "accuracy": accuracy, "same_on_all_workers": len(set(digests)) == 1}
 
