@@ -392,8 +392,9 @@ def run_torch(args, spec):
                                                 {"compression": compression}))
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     grads = [p.grad.detach().clone() for p in model.parameters() if p.grad is not None]
-    if isinstance(spec, str) and spec in torch_hooks.HOOKS:
-        sent = torch_hooks.payload_bytes(spec, [tuple(g.shape) for g in grads])
+    torch_hook = spec if isinstance(spec, str) and spec in torch_hooks.HOOKS else None
+    if torch_hook is not None:
+        sent = torch_hooks.payload_bytes(torch_hook, [tuple(g.shape) for g in grads])
     else:
         sent = dense_bytes([sparse_size(g) for g in grads], spec)
     # A sparse gradient's compression is timed on its rows, what the pipeline compresses.
@@ -429,7 +430,7 @@ def run_torch(args, spec):
 
     # Steps outside the timings: Horovod negotiates each tensor, DDP rebuilds its buckets, and
     # PyTorch's PowerSGD hook allreduces dense until its start_powerSGD_iter.
-    hook_warmup = torch_hooks.warmup_steps(spec) if isinstance(spec, str) and spec in torch_hooks.HOOKS else 0
+    hook_warmup = torch_hooks.warmup_steps(torch_hook) if torch_hook is not None else 0
     for _ in range(max(1, hook_warmup)):
         dist_step()
     report(args, rank, size, samples, compute_s, compress_s, dist_step, evaluate,

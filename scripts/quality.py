@@ -204,6 +204,7 @@ def summarize(results: list[dict]) -> list[dict]:
                "status": r.get("status"), "final": final}
         if r.get("optimizer_momentum") is not None:
             row["optimizer_momentum"] = r["optimizer_momentum"]
+            row["horovod_twin"] = horovod_twin(r["compression"])
         if final is not None and ref is not None:
             if r["workload"] == "mnist":
                 row["gap"] = round(100 * (ref - final), 2)  # accuracy points below fp32
@@ -316,8 +317,7 @@ def ddp_markdown(rows: list[dict]) -> str:
             verdict = "" if target is None or r["compressor"] == "fp32" else \
                 f"≤ {target:g} {'✓' if r.get('met') else '✗'}"
             # Given by hand, the momentum Horovod's wrapper takes over: set beside Horovod's run.
-            same = horovod.get(r["compressor"]) or (horovod.get(without_given_momentum(r["compressor"]))
-                                                    if r.get("optimizer_momentum") is not None else None)
+            same = horovod.get(r["compressor"]) or horovod.get(r.get("horovod_twin"))
             other = (same or {}).get("final")
             lines.append(" | ".join([
                 f"| {name}", f"{r['lr']:g}" if r.get("lr") else "–", f"{r['final']:.4f}",
@@ -326,12 +326,20 @@ def ddp_markdown(rows: list[dict]) -> str:
     return "\n" + "\n".join(lines) if lines else ""
 
 
-def without_given_momentum(label: str) -> str:
-    """A compressor's label without the momentum given to it by hand (``momentum=``, signum's
-    ``beta=``): the label of the Horovod run that took that momentum over from the optimizer."""
-    name, _, params = label.partition("(")
-    kept = [p for p in params.rstrip(")").split(", ") if p and not p.startswith(("momentum=", "beta="))]
-    return f"{name}({', '.join(kept)})" if kept else name
+def horovod_twin(compression: str) -> str:
+    """For a DDP run given its momentum by hand (``momentum_to_compressor``): the label of the
+    Horovod run that took that momentum over from the optimizer, its spec without the momentum
+    parameter of the compressor's momentum owner (``momentum=``, signum's ``beta=``)."""
+    if compare.is_named(compression):
+        return compression
+    import grace
+    from grace.momentum import owner
+
+    params = json.loads(compression)
+    part = owner(grace.from_params(dict(params)))
+    if part is not None:
+        params.pop(part.momentum_param, None)
+    return compare.label(json.dumps(params))
 
 
 # --- plot ---------------------------------------------------------------------------------------

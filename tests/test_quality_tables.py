@@ -105,5 +105,6 @@ def test_a_ddp_run_given_its_momentum_sits_beside_horovods_run_with_the_same_oth
         of("ddp", '{"compressor": "twobit", "momentum": 0.9, "bucket_size": 0}', 0.8719, momentum=0.0)])
     line = next(x for x in quality.ddp_markdown(rows).splitlines() if x.startswith("| twobit("))
     assert line.split(" | ")[5] == "0.8721"  # Horovod's per-tensor run, not the default's 0.8796
-    assert quality.without_given_momentum("signum(beta=0.9)") == "signum"
-    assert quality.without_given_momentum("topk(ratio=0.01, momentum=0.5)") == "topk(ratio=0.01)"
+    assert quality.horovod_twin('{"compressor": "signum", "beta": 0.9}') == "signum"
+    assert quality.horovod_twin('{"compressor": "dgc", "ratio": 0.01, "momentum": 0.9}') == "dgc(ratio=0.01)"
+    assert quality.horovod_twin('{"compressor": "randomk", "ratio": 0.01}') == "randomk(ratio=0.01)"

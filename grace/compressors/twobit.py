@@ -81,7 +81,7 @@ class TwoBit(Tabled, Compressor):
         buckets = self.buckets(ctx.numel)
         rows = buckets.rows(ops.cast(flat, compute_dtype(ctx.dtype)), ops)
         t = self._thresholds(rows, buckets, ctx, ops)
-        column = buckets.column(t, ops) if self.relative else t
+        column = buckets.column(t, ops)  # an absolute threshold's one bucket: one t for every row
         dtype = ops.dtype(rows)
         up = ops.cast(ops.greater_equal(rows, column), dtype)  # 3 (11) at or above t
         # 2 (10) at or below -t; below 0 too, so that t = 0 (an all-zero bucket) codes 0 as 11 only.
