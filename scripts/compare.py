@@ -60,6 +60,7 @@ BASELINES = ("fp32", "hvd-fp16")
 ALONE = "alone"  # the rate column of the one-worker run with no communication
 FRAMEWORK_NAMES = {"torch": "PyTorch", "tf": "TensorFlow", "ddp": "PyTorch DDP"}  # in the tables
 METRIC = {"mnist": ("test_accuracy", "max", workloads.MNIST["target"]),
+          "cnn": ("test_accuracy", "max", workloads.CNN["target"]),
           "lstm": ("perplexity", "min", workloads.LSTM["target"]),
           "words": ("perplexity", "min", workloads.WORDS["target"]),
           "exchange": (None, None, None), "resnet50": (None, None, None)}

@@ -237,6 +237,33 @@ def run_torch(args, spec):
                                             float(len(pred))], dtype=torch.float64))
             return {"test_accuracy": float(totals[0] / totals[1])}
         samples = cfg["batch"]
+    elif args.workload == "cnn":
+        import cnn
+
+        cfg = workloads.CNN
+        train_x, train_y, test_x, test_y = (a.reshape(-1, 1, 28, 28) if a.ndim == 2 else a
+                                            for a in workloads.fashion_mnist())
+        model = cnn.torch_model(cfg)
+        base = torch_optimizer(args, model.parameters(), learning_rate(args, cfg), cfg["momentum"])
+
+        def batch():
+            idx = rng.integers(0, len(train_x), cfg["batch"])
+            return torch.from_numpy(train_x[idx]), torch.from_numpy(train_y[idx])
+
+        def loss_of(x, y):
+            return torch.nn.functional.cross_entropy(model(x), y)
+
+        def evaluate():
+            share = slice(rank, None, size)
+            model.eval()  # batch norm with its running statistics
+            with torch.no_grad():
+                pred = np.concatenate([model(torch.from_numpy(part)).argmax(1).numpy()
+                                       for part in np.array_split(test_x[share], 10)])
+            model.train()
+            totals = comm.sum(torch.tensor([float((pred == test_y[share]).sum()),
+                                            float(len(pred))], dtype=torch.float64))
+            return {"test_accuracy": float(totals[0] / totals[1])}
+        samples = cfg["batch"]
     elif args.workload == "lstm":
         cfg = workloads.LSTM
         train, valid, vocab = workloads.shakespeare(cfg["seq"])
@@ -538,6 +565,31 @@ def run_tf(args, spec):
         def evaluate():
             share = slice(rank, None, size)
             pred = np.argmax(model.predict_on_batch(test_x[share]), 1)
+            totals = hvd.allreduce(tf.constant([float((pred == test_y[share]).sum()), float(len(pred))],
+                                               tf.float64), op=hvd.Sum, name="eval")
+            return {"test_accuracy": float(totals[0] / totals[1])}
+        samples = cfg["batch"]
+    elif args.workload == "cnn":
+        import cnn
+
+        cfg = workloads.CNN
+        train_x, train_y, test_x, test_y = (a.reshape(-1, 28, 28, 1) if a.ndim == 2 else a
+                                            for a in workloads.fashion_mnist())
+        model = cnn.keras_model(cfg)
+        base = keras_optimizer(args, learning_rate(args, cfg), cfg["momentum"])
+        xent = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+        def batch():
+            idx = rng.integers(0, len(train_x), cfg["batch"])
+            return tf.constant(train_x[idx]), tf.constant(train_y[idx])
+
+        def loss_of(x, y):
+            return xent(y, model(x, training=True))
+
+        def evaluate():
+            share = slice(rank, None, size)
+            pred = np.concatenate([np.argmax(model.predict_on_batch(part), 1)  # batch norm's averages
+                                   for part in np.array_split(test_x[share], 10)])
             totals = hvd.allreduce(tf.constant([float((pred == test_y[share]).sum()), float(len(pred))],
                                                tf.float64), op=hvd.Sum, name="eval")
             return {"test_accuracy": float(totals[0] / totals[1])}
