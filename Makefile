@@ -25,12 +25,14 @@ compare: setup
 		--rates 100mbit,1gbit,unshaped --workers 2,4
 
 # Every compressor trained to convergence against uncompressed training (docs/quality.md): hours.
-# Then mnist through PyTorch DDP: grace's hook beside DDP without a hook and PyTorch's own hooks.
+# Then mnist through PyTorch DDP: grace's hook beside DDP without a hook and PyTorch's own hooks;
+# then the CNN's time to accuracy on 2 emulated hosts at 1 Gbit/s (as root; else localhost).
 quality: setup
 	$(PY) scripts/quality.py --out out/quality
 	$(PY) scripts/quality.py --cases mnist-sgd,mnist-adam --frameworks torch --engines ddp \
 		--compressors fp32,torch-fp16,torch-powersgd-r1,torch-powersgd-r2,$$($(PY) -c \
 		"import grace; print(','.join(grace.available()))") --out out/quality-ddp
+	$(PY) scripts/time_to_accuracy.py --out out/time-to-accuracy
 
 # Compression cost against a plain copy, PowerSGD against PyTorch's hooks, the wrapper's overhead.
 bench: setup

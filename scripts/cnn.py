@@ -5,9 +5,10 @@ Recognition", CVPR 2016, in the basic-block form of its CIFAR networks).
 A 3x3 convolution to 16 channels with batch norm, three basic blocks (two 3x3 convolutions with
 batch norm; the second and third halve the image with a stride of 2 and widen it to 32 and 64
 channels, their shortcut a strided 1x1 convolution with batch norm), then a dense layer of 512 and
-the 10-way classifier: 1,688,378 trainable parameters in both frameworks, in the same order and
-shapes up to each framework's layout (PyTorch's out x in x kh x kw, Keras's kh x kw x in x out), batch
-norm with PyTorch's settings in both (running averages at 0.9, epsilon 1e-5).
+the 10-way classifier: 1,688,378 trainable parameters in both frameworks, the same tensors up to each
+framework's layout (PyTorch's out x in x kh x kw, Keras's kh x kw x in x out) and order (Keras lists a
+block's shortcut before its second convolution), batch norm with PyTorch's settings in both (running
+averages at 0.9, epsilon 1e-5).
 Its dense layer holds most of the parameters and the convolutions most of the compute: one CPU
 core's step (batch 64, ~45 ms) meets about the time a 1 Gbit/s link takes for its fp32 exchange,
 where compression matters.
