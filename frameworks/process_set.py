@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from grace import heap
@@ -44,6 +45,29 @@ def announce(pipeline: Any, process_set, optimizer_seen: bool = True,
         say_once(HEAP_LINE, process_set)
     for line in pipeline.notices(process_set.size(), optimizer_seen, wrapper):
         say_once(line, process_set)
+
+
+ELASTIC_LINE = ("grace: Horovod elastic: the workers' compression is not compared as the wrapper is "
+                "built (a worker that joins builds it while the others synchronize their state, and "
+                "the comparison's collective would hang the job); build the same compression on "
+                "every worker (docs/reliability.md)")
+
+
+def elastic() -> bool:
+    """Whether this worker is part of a Horovod elastic job (``HOROVOD_ELASTIC=1``, which
+    ``horovodrun --min-np``/``--host-discovery-script`` sets): workers may leave and join between
+    steps, a joining one knowing nothing of what the others agreed before."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
+
+
+def compares_at_construction(process_set) -> bool:
+    """Whether a wrapper compares the workers' compression as it is built, which is a collective:
+    not in a Horovod elastic job (``elastic``), where a joining worker builds its wrapper alone while
+    the others are in ``state.sync()``; said once on rank 0."""
+    if elastic():
+        say_once(ELASTIC_LINE, process_set)
+        return False
+    return True
 
 
 class ProcessSetCollectives:

@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from frameworks.process_set import gather_objects
+from frameworks.process_set import compares_at_construction, gather_objects
 from frameworks.tensorflow import layout
 from frameworks.tensorflow.collectives import HorovodCollectives
 from frameworks.tensorflow.ops import TensorFlowOps
@@ -40,7 +40,8 @@ def _check_agreement(pipeline, collectives, **options) -> None:
     """Where the wrapper is built eagerly (Keras and TF1 optimizers, a tape outside tf.function),
     fail at once on every worker if the workers compress differently. (Variables are not known
     yet here; Horovod itself rejects tensors whose shapes differ across workers.)"""
-    if collectives.size == 1 or not tf.executing_eagerly():
+    if collectives.size == 1 or not tf.executing_eagerly() or \
+            not compares_at_construction(collectives.process_set):
         return
     mine = agreement.describe(pipeline, [], **options)
     agreement.check(gather_objects(hvd, mine, collectives.process_set, "grace.agreement"))

@@ -17,7 +17,14 @@ import horovod.torch as hvd
 import torch
 
 from frameworks import internals
-from frameworks.process_set import announce, gather_objects, log_once, say_once
+from frameworks.process_set import (
+    announce,
+    compares_at_construction,
+    elastic,
+    gather_objects,
+    log_once,
+    say_once,
+)
 from frameworks.torch.collectives import HorovodCollectives
 from frameworks.torch.ops import TorchOps
 from grace import agreement
@@ -49,6 +56,8 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         self._done: set = set()  # ... and whose gradient is final for this step
         self._started: dict = {}  # bucket index -> its exchanges: (positions, Exchange) each
         self._sparse: dict = {}  # parameter -> whether its gradient is sparse, as the workers agreed
+        # Horovod elastic: a worker that joins has not voted, so every worker votes at every step.
+        self._vote_every_step = elastic()
         self._synchronized = False
         self._should_synchronize = True
         self._groups = groups
@@ -94,7 +103,7 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         """Fail at once, on every worker, if the workers differ in compression, options,
         parameters or buckets (a mismatch would otherwise hang a collective or combine unlike
         payloads)."""
-        if self.process_set.size() == 1:
+        if self.process_set.size() == 1 or not compares_at_construction(self.process_set):
             return
         mine = agreement.describe(
             self._pipeline,
@@ -283,6 +292,8 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         self._updates_given = {p: (p.grad, p.grad._version) for p in self._steps_itself
                                if p.grad is not None and not p.grad.is_sparse}
         self._reset_step()
+        if self._vote_every_step:
+            self._sparse = {}
         self._synchronized = True
 
     @contextmanager
