@@ -10,9 +10,11 @@ import os
 import sys
 
 import pytest
+from docs_blocks import generated_blocks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import compare  # noqa: E402
 import time_to_accuracy as tta  # noqa: E402
 
 TOPK = json.dumps({"compressor": "topk", "ratio": 0.01})
@@ -81,3 +83,11 @@ def test_the_table_and_plot(tmp_path):
     assert "Horovod's fp16 takes 16 s" in table
     assert (tmp_path / "time_to_accuracy.png").stat().st_size > 10_000
     assert json.loads((tmp_path / "time_to_accuracy.json").read_text()) == rows
+
+
+def test_the_table_in_the_docs_is_the_recorded_runs():
+    """docs/results.md's time-to-accuracy tables are this script's, from the recorded runs."""
+    blocks = generated_blocks("results.md", "time_to_accuracy.py --from-json")
+    assert blocks
+    for files, body in blocks:
+        assert body == tta.markdown(tta.summarize(compare.read_runs(files))).strip()

@@ -9,6 +9,7 @@ import re
 import sys
 
 import pytest
+from docs_blocks import generated_blocks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
@@ -187,27 +188,12 @@ def test_ddp_rows_are_judged_against_ddp_without_a_hook_beside_horovods_run():
     assert len(quality.merge([apart])) == 2
 
 
-def _generated_blocks(page: str, tool: str) -> list[tuple[list[str], str]]:
-    """Each ``<!-- generated: TOOL FILE... -->`` block of a docs page: (its files, its text)."""
-    text = open(os.path.join(ROOT, "docs", page)).read()
-    blocks, start = [], 0
-    marker = f"<!-- generated: {tool} "
-    while (start := text.find(marker, start)) >= 0:
-        files = text[start + len(marker):text.index(" -->", start)].split()
-        end = text.index("<!-- end generated -->", start)
-        assert "<!-- generated:" not in text[start + 1:end], "a generated block without its end"
-        body = text[text.index("\n", start) + 1:end]
-        blocks.append(([os.path.join(ROOT, f) for f in files], body.strip()))
-        start += len(marker)
-    return blocks
-
-
 def test_the_ddp_quality_tables_in_the_docs_are_the_recorded_runs():
     """docs/ddp.md's accuracy tables of DDP, PyTorch's hooks and grace's hook are quality.py's, made
     from the recorded runs (the latest of each set-up), not typed."""
     import json
 
-    blocks = _generated_blocks("ddp.md", "quality.py --from-json")
+    blocks = generated_blocks("ddp.md", "quality.py --from-json")
     assert blocks
     for files, body in blocks:
         runs = []
@@ -223,7 +209,7 @@ def test_the_throughput_tables_in_the_docs_are_the_recorded_runs(page):
     neighbours, are compare.py's, from every repeat of the recorded runs, each figure a median of
     at least three."""
 
-    blocks = _generated_blocks(page, "compare.py --from-json")
+    blocks = generated_blocks(page, "compare.py --from-json")
     assert blocks
     if page == "results.md":  # two-bit's end-to-end and exchange rows, from its runs
         assert [files for files, _ in blocks] == [[os.path.join(ROOT, "docs/results/twobit", f)]
