@@ -40,6 +40,8 @@ import torch_hooks  # noqa: E402
 import workloads  # noqa: E402
 
 CALIBRATION_STEPS = 8
+# The test images' forward pass, in parts: the CNN's activations for 5,000 images at once are large.
+EVAL_PARTS = {"mnist": 1, "cnn": 10}
 
 
 def parse_args(argv=None):
@@ -206,20 +208,26 @@ def run_torch(args, spec):
     rank, size = comm.rank, comm.size
     rng = np.random.default_rng(args.seed + rank)
 
-    if args.workload == "mnist":
-        cfg = workloads.MNIST
+    if args.workload in ("mnist", "cnn"):
+        cfg = workloads.MNIST if args.workload == "mnist" else workloads.CNN
         train_x, train_y, test_x, test_y = workloads.fashion_mnist()
-        dense = _keras_dense() if args.layout == "keras" else torch.nn.Linear
-        layers, width = [], 784
-        for h in cfg["hidden"]:
-            layers += [dense(width, h), torch.nn.ReLU()]
-            width = h
-        model = torch.nn.Sequential(*layers, dense(width, 10))
-        if args.init == "glorot":
-            for layer in model:
-                if isinstance(layer, (torch.nn.Linear, dense)):
-                    torch.nn.init.xavier_uniform_(layer.weight)  # symmetric in fan-in and fan-out
-                    torch.nn.init.zeros_(layer.bias)
+        if args.workload == "mnist":
+            dense = _keras_dense() if args.layout == "keras" else torch.nn.Linear
+            layers, width = [], 784
+            for h in cfg["hidden"]:
+                layers += [dense(width, h), torch.nn.ReLU()]
+                width = h
+            model = torch.nn.Sequential(*layers, dense(width, 10))
+            if args.init == "glorot":
+                for layer in model:
+                    if isinstance(layer, (torch.nn.Linear, dense)):
+                        torch.nn.init.xavier_uniform_(layer.weight)  # symmetric in fan-in and fan-out
+                        torch.nn.init.zeros_(layer.bias)
+        else:
+            import cnn
+
+            train_x, test_x = (a.reshape(-1, 1, 28, 28) for a in (train_x, test_x))
+            model = cnn.torch_model(cfg)
         base = torch_optimizer(args, model.parameters(), learning_rate(args, cfg), cfg["momentum"])
 
         def batch():
@@ -231,34 +239,10 @@ def run_torch(args, spec):
 
         def evaluate():
             share = slice(rank, None, size)
+            parts = np.array_split(test_x[share], EVAL_PARTS[args.workload])
+            model.eval()  # the CNN's batch norm with its running statistics
             with torch.no_grad():
-                pred = model(torch.from_numpy(test_x[share])).argmax(1).numpy()
-            totals = comm.sum(torch.tensor([float((pred == test_y[share]).sum()),
-                                            float(len(pred))], dtype=torch.float64))
-            return {"test_accuracy": float(totals[0] / totals[1])}
-        samples = cfg["batch"]
-    elif args.workload == "cnn":
-        import cnn
-
-        cfg = workloads.CNN
-        train_x, train_y, test_x, test_y = (a.reshape(-1, 1, 28, 28) if a.ndim == 2 else a
-                                            for a in workloads.fashion_mnist())
-        model = cnn.torch_model(cfg)
-        base = torch_optimizer(args, model.parameters(), learning_rate(args, cfg), cfg["momentum"])
-
-        def batch():
-            idx = rng.integers(0, len(train_x), cfg["batch"])
-            return torch.from_numpy(train_x[idx]), torch.from_numpy(train_y[idx])
-
-        def loss_of(x, y):
-            return torch.nn.functional.cross_entropy(model(x), y)
-
-        def evaluate():
-            share = slice(rank, None, size)
-            model.eval()  # batch norm with its running statistics
-            with torch.no_grad():
-                pred = np.concatenate([model(torch.from_numpy(part)).argmax(1).numpy()
-                                       for part in np.array_split(test_x[share], 10)])
+                pred = np.concatenate([model(torch.from_numpy(part)).argmax(1).numpy() for part in parts])
             model.train()
             totals = comm.sum(torch.tensor([float((pred == test_y[share]).sum()),
                                             float(len(pred))], dtype=torch.float64))
@@ -546,12 +530,18 @@ def run_tf(args, spec):
     rank, size = hvd.rank(), hvd.size()
     rng = np.random.default_rng(args.seed + rank)
 
-    if args.workload == "mnist":
-        cfg = workloads.MNIST
+    if args.workload in ("mnist", "cnn"):
+        cfg = workloads.MNIST if args.workload == "mnist" else workloads.CNN
         train_x, train_y, test_x, test_y = workloads.fashion_mnist()
-        model = keras.Sequential([keras.Input((784,))] +
-                                 [keras.layers.Dense(h, activation="relu") for h in cfg["hidden"]] +
-                                 [keras.layers.Dense(10)])
+        if args.workload == "mnist":
+            model = keras.Sequential([keras.Input((784,))] +
+                                     [keras.layers.Dense(h, activation="relu") for h in cfg["hidden"]] +
+                                     [keras.layers.Dense(10)])
+        else:
+            import cnn
+
+            train_x, test_x = (a.reshape(-1, 28, 28, 1) for a in (train_x, test_x))
+            model = cnn.keras_model(cfg)
         base = keras_optimizer(args, learning_rate(args, cfg), cfg["momentum"])
         xent = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -564,32 +554,8 @@ def run_tf(args, spec):
 
         def evaluate():
             share = slice(rank, None, size)
-            pred = np.argmax(model.predict_on_batch(test_x[share]), 1)
-            totals = hvd.allreduce(tf.constant([float((pred == test_y[share]).sum()), float(len(pred))],
-                                               tf.float64), op=hvd.Sum, name="eval")
-            return {"test_accuracy": float(totals[0] / totals[1])}
-        samples = cfg["batch"]
-    elif args.workload == "cnn":
-        import cnn
-
-        cfg = workloads.CNN
-        train_x, train_y, test_x, test_y = (a.reshape(-1, 28, 28, 1) if a.ndim == 2 else a
-                                            for a in workloads.fashion_mnist())
-        model = cnn.keras_model(cfg)
-        base = keras_optimizer(args, learning_rate(args, cfg), cfg["momentum"])
-        xent = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-        def batch():
-            idx = rng.integers(0, len(train_x), cfg["batch"])
-            return tf.constant(train_x[idx]), tf.constant(train_y[idx])
-
-        def loss_of(x, y):
-            return xent(y, model(x, training=True))
-
-        def evaluate():
-            share = slice(rank, None, size)
-            pred = np.concatenate([np.argmax(model.predict_on_batch(part), 1)  # batch norm's averages
-                                   for part in np.array_split(test_x[share], 10)])
+            parts = np.array_split(test_x[share], EVAL_PARTS[args.workload])
+            pred = np.concatenate([np.argmax(model.predict_on_batch(part), 1) for part in parts])
             totals = hvd.allreduce(tf.constant([float((pred == test_y[share]).sum()), float(len(pred))],
                                                tf.float64), op=hvd.Sum, name="eval")
             return {"test_accuracy": float(totals[0] / totals[1])}
