@@ -102,8 +102,9 @@ def summarize(results: list[dict]) -> list[dict]:
             if (row["framework"], row["rate"], row["workers"]) == (fw, rate, n) and "time_s" in row:
                 row["hvd_fp16_s"] = None if fp16 is None else round(fp16, 1)
                 # Judged: grace's compressors; the baselines are the yardsticks.
+                # On the table's figures, so that the verdict is the one a reader can check.
                 row["met"] = None if row["quality_target"] is None else \
-                    row["of_free"] <= WITHIN and (fp16 is None or row["time_s"] <= fp16)
+                    row["of_free"] <= WITHIN and (fp16 is None or row["time_s"] <= row["hvd_fp16_s"])
     return out
 
 

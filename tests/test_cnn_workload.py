@@ -68,5 +68,23 @@ def test_the_quality_benchmark_judges_it_in_accuracy_points():
     qsgd = next(r for r in rows if r["compressor"] == "qsgd")
     assert (qsgd["gap"], qsgd["target"], qsgd["met"]) == (pytest.approx(1.5), 2.0, True)
     assert "gap (points)" in quality.markdown(rows)
-    assert quality.CASES["cnn-adam"] == ("cnn", "adam")
-    assert quality.BUDGET["cnn"] == (8, 117)  # 2 passes of 60,000 images at 2 x 64 a step
+    assert (quality.CASES["cnn-sgd"], quality.CASES["cnn-adam"]) == (("cnn", "sgd"), ("cnn", "adam"))
+    epochs, steps = quality.BUDGET["cnn"]
+    assert epochs * steps * 2 * workloads.CNN["batch"] == pytest.approx(2 * 60_000, rel=0.01)  # 2 passes
+    assert not quality.is_accuracy("lstm") and quality.is_accuracy("mnist")
+    # the sign methods' rate: as on the MLP, whose SGD has the same momentum
+    for name in ("signsgd", "signum"):
+        assert quality.learning_rate(name, "cnn", "sgd") == quality.learning_rate(name, "mnist", "sgd")
+
+
+def test_batch_norm_has_pytorchs_settings_in_keras():
+    import keras
+
+    norms = [layer for layer in cnn.keras_model(workloads.CNN).layers
+             if isinstance(layer, keras.layers.BatchNormalization)]
+    assert len(norms) == 9
+    assert {(n.momentum, n.epsilon) for n in norms} == {(0.9, 1e-5)}
+    import torch
+
+    torch_norms = [m for m in cnn.torch_model(workloads.CNN).modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert len(torch_norms) == 9 and {(m.momentum, m.eps) for m in torch_norms} == {(0.1, 1e-5)}

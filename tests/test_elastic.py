@@ -50,7 +50,17 @@ def test_a_worker_leaves_and_another_joins(events):
     removed = [log for log in by_process.values() if max(e["step"] for e in log) == 3]
     joined = [log for log in by_process.values() if log[0]["step"] == 8]
     assert len(removed) == 1 and len(joined) == 1
-    assert "workers' compression is not compared as the wrapper is built" in output  # said on rank 0
+    # said once, by rank 0 (the joiner, rank 2, says nothing)
+    assert output.count("workers' compression is not compared as the wrapper is built") == 1
+
+
+def test_every_worker_votes_at_every_step(events):
+    """The sparse-gradient vote at every step, the joiner's first included: the same control bytes
+    (the vote's 8 for one parameter and the step's other votes) at each step of every worker. A
+    vote held once per process would leave the survivors' later steps 8 bytes short."""
+    by_process, _ = events
+    control = {e["control"] for log in by_process.values() for e in log if e["event"] == "step"}
+    assert len(control) == 1 and control.pop() >= 8
 
 
 def test_survivors_keep_their_compression_state_and_the_joiner_starts_empty(events):
@@ -76,3 +86,39 @@ def test_every_step_is_the_mean_of_what_the_workers_sent_and_weights_agree(event
                 weights[e["step"]].add(e["weights"])
     assert all(len(digests) == 1 for digests in weights.values())
     assert len(weights) == 12
+
+
+class OneOfTwo:
+    """Horovod's process set as a wrapper sees it: this worker is ``rank`` of 2."""
+
+    def __init__(self, rank: int):
+        self._rank = rank
+
+    def included(self) -> bool:
+        return True
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return 2
+
+
+def test_the_comparison_at_construction_is_left_out_only_in_an_elastic_job(monkeypatch, caplog):
+    """Both frameworks' wrappers ask ``compares_at_construction`` (PyTorch's optimizer, TensorFlow's
+    eager wrappers): outside an elastic job they compare; inside, they do not, and rank 0 says so
+    once."""
+    from frameworks import process_set
+
+    monkeypatch.setattr(process_set, "_TOLD", set())
+    monkeypatch.delenv("HOROVOD_ELASTIC", raising=False)
+    assert process_set.compares_at_construction(OneOfTwo(0)) and not process_set.elastic()
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    assert process_set.elastic()
+    for rank, said in ((1, []), (0, [process_set.ELASTIC_LINE])):  # each a worker of its own
+        monkeypatch.setattr(process_set, "_TOLD", set())
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="grace"):
+            assert not process_set.compares_at_construction(OneOfTwo(rank))
+            assert not process_set.compares_at_construction(OneOfTwo(rank))  # a second wrapper
+        assert [r.getMessage() for r in caplog.records] == said

@@ -15,7 +15,8 @@ compression state as it was at its last commit and as it is after the sync), and
 every step: the size, a digest of the weights, and the largest difference between the weights'
 change and ``-lr`` x the mean over the workers of what each sent, gathered from every worker: its
 gradient for ``none``; for ``topk``, what a numpy model of top-k with error feedback sends, whose
-residual starts at zero when the worker starts and is kept across resets.
+residual starts at zero when the worker starts and is kept across resets; and the control bytes
+the step's votes took (the sparse-gradient vote among them).
 """
 
 from __future__ import annotations
@@ -108,14 +109,16 @@ def train(state):
         # The gradient, computed apart: the hooks' exchange may work in p.grad once backward runs.
         w = before_w.clone().requires_grad_()
         g = torch.autograd.grad(torch.nn.functional.mse_loss(x @ w.T, y), w)[0].numpy()
+        control = optimizer.compression_stats()["bytes_control"]
         optimizer.zero_grad()
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
+        control = optimizer.compression_stats()["bytes_control"] - control  # the votes' bytes
         sent = reference_sent(g) if compression == "topk" else g
         every = hvd.allgather(torch.from_numpy(sent)[None], name=f"sent.{state.step}").numpy()
         expected = before_w.numpy() - LR * every.mean(axis=0)
         log(event="step", rank=hvd.rank(), size=hvd.size(), step=state.step,
-            error=float(np.abs(model.weight.detach().numpy() - expected).max()),
+            error=float(np.abs(model.weight.detach().numpy() - expected).max()), control=control,
             weights=hashlib.sha256(model.weight.detach().numpy().tobytes()).hexdigest()[:16])
         state.step += 1
         committed = digest()
