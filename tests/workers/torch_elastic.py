@@ -33,6 +33,9 @@ import torch
 
 import grace
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import reference  # noqa: E402  (tests/reference.py: the numpy models)
+
 outdir, compression = sys.argv[1], sys.argv[2]  # "topk" (top-k(0.3), error feedback) or "none"
 STEPS, LEAVE, JOIN, LR = 12, 4, 8, 0.1
 LOG = os.path.join(outdir, f"log.{os.getpid()}")
@@ -60,20 +63,7 @@ def digest() -> str:
     return h.hexdigest()[:16]
 
 
-K = max(16, int(0.3 * 64))  # top-k(0.3) of the 64 weights: grace.topk's k
-reference = np.zeros((4, 16), np.float32)  # top-k with error feedback, in numpy: this worker's residual
-
-
-def reference_sent(g: np.ndarray) -> np.ndarray:
-    """What top-k with error feedback sends of ``g`` (its k largest entries of g plus the
-    residual); the rest becomes the residual."""
-    global reference
-    corrected = (g + reference).ravel()
-    sent = np.zeros_like(corrected)
-    keep = np.argsort(np.abs(corrected))[-K:]
-    sent[keep] = corrected[keep]
-    reference = (corrected - sent).reshape(g.shape)
-    return sent.reshape(g.shape)
+reference_sent = reference.topk_with_residual(0.3)  # this worker's residual, in numpy
 
 
 def wait_for_hosts_update(state) -> None:
@@ -114,7 +104,7 @@ def train(state):
         torch.nn.functional.mse_loss(model(x), y).backward()
         optimizer.step()
         control = optimizer.compression_stats()["bytes_control"] - control  # the votes' bytes
-        sent = reference_sent(g) if compression == "topk" else g
+        sent = reference_sent("weight", 0, state.step, g) if compression == "topk" else g
         every = hvd.allgather(torch.from_numpy(sent)[None], name=f"sent.{state.step}").numpy()
         expected = before_w.numpy() - LR * every.mean(axis=0)
         log(event="step", rank=hvd.rank(), size=hvd.size(), step=state.step,
