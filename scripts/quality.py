@@ -99,7 +99,8 @@ def learning_rate(name: str, workload: str, optimizer: str) -> float | None:
         return None
     if workload == "lstm":
         return workloads.LSTM["sign_lr"]
-    momentum = workloads.MNIST["momentum"] if is_accuracy(workload) and optimizer == "sgd" else 0.0
+    cfg = {"mnist": workloads.MNIST, "cnn": workloads.CNN}.get(workload, {})
+    momentum = cfg.get("momentum", 0.0) if optimizer == "sgd" else 0.0  # the image models' SGD
     return sign.learning_rate(momentum_in_optimizer=0.0 if name == "signum" else momentum)
 
 
