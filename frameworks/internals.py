@@ -282,6 +282,17 @@ def install_routes() -> None:
             _patch(sys.modules[name])
 
 
+def on_import_grace() -> None:
+    """Run at the end of ``import grace`` (the ``grace.on_import`` entry point, setup.py): route
+    Horovod's wrappers to grace (``install_routes``), and have AutoGraph call grace's builders as
+    they are inside a traced step."""
+    import grace
+
+    install_routes()
+    for builder in (grace.build, grace.from_params, *(getattr(grace, n) for n in grace.available())):
+        called_unconverted(builder)
+
+
 # --- Horovod, TensorFlow ------------------------------------------------------------------------
 def tf_allreduce() -> Callable:
     """``horovod.tensorflow.mpi_ops._allreduce``: the bare op (no averaging, no name scope)."""

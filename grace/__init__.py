@@ -13,7 +13,7 @@ tensors stay dense. ``grace.from_params(dict)`` builds the same from a plain dic
 
 from __future__ import annotations
 
-from frameworks import internals
+from grace import adapters
 from grace.collectives import Collectives
 from grace.communicator import Communicator
 from grace.compressor import Compressor, Context
@@ -55,21 +55,16 @@ adaq = factory("adaq")
 inceptionn = factory("inceptionn")
 twobit = factory("twobit")
 
-internals.install_routes()
-for _builder in (build, from_params, *(globals()[name] for name in available())):
-    internals.called_unconverted(_builder)  # inside a traced step, called as they are
-del _builder
-
-# The DDP communication hook (``ddp.register_comm_hook(grace.topk(0.01), grace.ddp_hook)``) needs
-# torch: imported on first use, so that ``import grace`` needs neither torch nor Horovod.
-_LAZY = {"ddp_hook": "frameworks.torch.ddp", "DDPState": "frameworks.torch.ddp"}
+# Horovod's routing, from the adapters (``grace.adapters``): grace's factories exist by now.
+adapters.run_on_import()
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
+    # The DDP communication hook (``ddp.register_comm_hook(grace.topk(0.01), grace.ddp_hook)``)
+    # needs torch: registered by its adapter, imported on first use, so that ``import grace``
+    # needs neither torch nor Horovod.
+    if name in adapters.registered("grace.exports"):
+        return adapters.load("grace.exports", name)
     raise AttributeError(f"module 'grace' has no attribute {name!r}")
 
 

@@ -40,6 +40,9 @@ class Communicator(ABC):
     name: ClassVar[str] = "abstract"
     shards: ClassVar[bool] = False
     """Whether payloads are encoded shard by shard for it (``ShardCodec``): one shard per worker."""
+    sums: ClassVar[bool] = False
+    """Whether the collective adds the payloads as they are sent (Horovod's allreduce): the
+    receiver decodes one sum."""
 
     def bind(self, compressor: Compressor, memory: Any = None) -> None:
         """Called once with the pipeline's compressor and memory: raise ``ValueError`` if this

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Sequence
 from grace import steps
 from grace.ops import Ops, Tensor, ops_for
 from grace.state import DEFAULT, StateStore
+from grace.validation import check_int
 
 Payload = list  # list[Tensor]: what goes into the collectives, in a fixed order
 
@@ -124,6 +125,10 @@ class Compressor(ABC):
     - ``owners_caution``: where the owners' second encoding of its combined payloads
       (``communicator="alltoall"``) is measured to cost accuracy that gathering keeps, why, else
       ``None``; ``communicator="auto"`` then gathers its payloads at any size.
+    - ``passes_through``: its payload is the tensor itself (``none``), so a sum of payloads
+      carries any Inf or NaN in it to every worker.
+    - ``can_take_second_moment``: its payload can carry Adam's second moment beside the values
+      (random-k, ``grace.second_moment``).
     """
 
     name: ClassVar[str] = "abstract"
@@ -140,6 +145,8 @@ class Compressor(ABC):
     adam_caution: ClassVar[str | None] = None
     owners_caution: ClassVar[str | None] = None
     sends_exactly: ClassVar[bool] = False
+    passes_through: ClassVar[bool] = False
+    can_take_second_moment: ClassVar[bool] = False
     state_store: StateStore = DEFAULT
     """Where state kept across steps is read and written (``grace.state``): the pipeline's own."""
 
@@ -336,8 +343,6 @@ class Seeded:
     workers must agree). Counters are state (``state()`` sees ``_steps``)."""
 
     def _init_seed(self, seed: int) -> None:
-        from grace.validation import check_int
-
         self.seed = check_int("seed", seed, minimum=0)
         self._steps: dict = {}
 

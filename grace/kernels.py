@@ -21,13 +21,13 @@ import functools
 from typing import Any, Callable
 
 from grace import native
-from grace.ops import Ops, Tensor
+from grace.dtypes import Tensor
 
 ACCEPTED = ("float32", "uint8")
 """The first input's dtypes the loops read: float32 gradients, and packed codes for the decoders."""
 
 
-def applies(ops: Ops, tensors: list[Tensor], numel: int | None = None, dtypes: list[str] | None = None,
+def applies(ops: Any, tensors: list[Tensor], numel: int | None = None, dtypes: list[str] | None = None,
             accept: tuple[str, ...] = native.KERNEL_DTYPES) -> bool:
     """Whether a loop should run on ``tensors``: ``grace.native.worth_running`` (the one policy)
     asked with what the adapter says of them (``Ops.host_access``). ``numel``: the size that decides
@@ -41,7 +41,7 @@ def applies(ops: Ops, tensors: list[Tensor], numel: int | None = None, dtypes: l
                                 crossing=access.crossing, accept=accept)
 
 
-def run(ops: Ops, kernel: str, tensors: list[Tensor], seed: tuple | None = None,
+def run(ops: Any, kernel: str, tensors: list[Tensor], seed: tuple | None = None,
         **params: Any) -> tuple | None:
     """``grace.native.KERNELS[kernel]`` on ``tensors`` as a tuple of tensors, where the policy and
     the kernel take them; else ``None``."""
@@ -80,7 +80,7 @@ def accelerated(kernel: str) -> Callable[[Callable], Callable]:
 
     def mark(composite: Callable) -> Callable:
         @functools.wraps(composite)
-        def step(ops: Ops, *tensors: Tensor, seed: tuple | None = None, **params: Any):
+        def step(ops: Any, *tensors: Tensor, seed: tuple | None = None, **params: Any):
             present = [t for t in tensors if t is not None]
             fast = run(ops, kernel, present, seed, **params)
             if fast is None:

@@ -18,6 +18,12 @@ class Memory(ABC):
     """
 
     name: ClassVar[str] = "abstract"
+    stateless: ClassVar[bool] = False
+    """Whether it keeps nothing between steps (``NoneMemory``): a tensor it passes has no state
+    to roll back."""
+    observes_second_moment: ClassVar[bool] = False
+    """Whether it folds each gradient into Adam's second moment when that is taken over
+    (``DelayedResidualMemory``, ``grace.second_moment``)."""
     state_store: StateStore = DEFAULT
     """Where state kept across steps is read and written (``grace.state``): the pipeline's own."""
 

@@ -5,75 +5,27 @@ each framework adapter (``frameworks/<fw>/ops.py``) provides them over its own t
 own device. ``ops_for(tensor)`` picks the adapter from the tensor's type, so ``compressor.compress(x,
 name)`` works on a numpy array, a torch tensor or a TensorFlow tensor alike.
 
-Dtypes are named by strings (``"float32"``, ``"float16"``, ``"bfloat16"``, ``"float64"``, ``"int32"``,
-``"int64"``, ``"uint8"``, ``"bool"``) so that algorithm code does not depend on any framework's dtype
-objects.
+Dtypes are named by strings (``grace.dtypes``) so that algorithm code does not depend on any
+framework's dtype objects.
 """
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from typing import Any, Callable, NamedTuple, Sequence
 
+from grace import adapters
+from grace.dtypes import FLOAT_DTYPES, INDEX_BYTES, INT32_MAX, Tensor, index_dtype
 from grace.rng import draw_indices, draw_uniform
+from grace.selection import exact_top_k
 
-Tensor = Any
-"""A framework tensor (numpy array, torch.Tensor, tf.Tensor): opaque to algorithm code."""
-
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-INT32_MAX = 2**31 - 1
-
-
-INDEX_BYTES = {"int32": 4, "int64": 8}
-
-
-SAMPLED_TOPK_MIN = 1 << 18
-"""From this many elements, ``Ops.topk_indices`` selects among the candidates above a threshold
-estimated on a sample instead of ranking the whole tensor (measured: 3-6 times faster on the CPU
-for 1% of 2.4 M elements)."""
-SAMPLED_TOPK_MARGINS = (1.3, 3.0)
-"""How many times k candidates the sampled threshold aims at: first 1.3 k, and should fewer than k
-pass, 3 k; then the full ranking."""
-SAMPLE_SIZE = 65536
-"""About how many elements the strided sample holds."""
+__all__ = ["FLOAT_DTYPES", "INDEX_BYTES", "INT32_MAX", "THIN_COLUMNS", "HostAccess", "Ops", "Tensor",
+           "host_row_sums", "index_dtype", "ops_for", "unpack_table"]
 
 THIN_COLUMNS = 8
 """Adapters' ``matmul`` reorders a CPU product with a thin operand of at most this many columns
 (PowerSGD's rank): BLAS is 2-10 times slower on a row-major thin operand than one pass over the
 large matrix; from 16 columns on it serves one as well (measured on 512 × 4608, one thread)."""
-
-
-def sampled_topk_indices(ops: "Ops", x: Tensor, k: int, n: int) -> Tensor:
-    """The exact top-k of the 1-d ``x`` (``n`` elements) by magnitude, ascending: a threshold
-    ``t`` from a strided sample of ``|x|`` aims at ``SAMPLED_TOPK_MARGINS[0]`` k candidates with
-    ``|x| >= t``, and the k largest of those are ranked. Any ``t > 0`` that keeps at least k
-    candidates gives the exact answer (every element left out is smaller than every candidate);
-    with too few the next margin is tried, and then ``full_topk_indices``, at once if ``t`` is 0."""
-    stride = max(1, n // SAMPLE_SIZE)
-    sample = ops.abs(ops.strided(x, stride))
-    size = -(-n // stride)
-    index_type = index_dtype(n)
-
-    def attempt(margins: Sequence[float]) -> Tensor:
-        if not margins:
-            return ops.full_topk_indices(x, k)
-        rank = min(size - 1, int(size * k * margins[0] / n))
-        threshold = ops.order_statistics(sample, [size - rank - 1])
-
-        def among_candidates():
-            candidates = ops.indices_at_least(x, threshold)
-
-            def ranked():
-                chosen = ops.full_topk_indices(ops.gather(x, candidates), k)
-                return ops.cast(ops.gather(candidates, chosen), index_type)  # candidates ascend
-
-            return ops.cond(ops.size(candidates) >= k, ranked, lambda: attempt(margins[1:]))
-
-        # A threshold of 0 stays 0 at a larger margin (a lower rank): rank everything at once.
-        return ops.cond(threshold > 0, among_candidates, lambda: ops.full_topk_indices(x, k))
-
-    return attempt(SAMPLED_TOPK_MARGINS)
 
 
 _UNPACK_TABLES: dict = {}
@@ -101,11 +53,6 @@ class HostAccess(NamedTuple):
     """Laid out densely, as a loop walks them."""
     crossing: bool
     """Each call crosses into the host at a fixed cost (TensorFlow's ``tf.numpy_function``)."""
-
-
-def index_dtype(numel: int) -> str:
-    """The narrowest index dtype that addresses ``numel`` elements: int32, int64 past 2**31."""
-    return "int32" if numel <= INT32_MAX else "int64"
 
 
 class Ops(ABC):
@@ -237,11 +184,9 @@ class Ops(ABC):
         From ``SAMPLED_TOPK_MIN`` elements (k at most an eighth of them) the exact top-k is found
         among candidates above a threshold estimated on a strided sample (``sampled_topk_indices``),
         in every adapter alike; else by ``full_topk_indices``. Where grace/native runs, its kernel
-        does either in one call (``grace.steps.exact_top_k``), ties at the k-th magnitude going to
+        does either in one call (``grace.selection.exact_top_k``), ties at the k-th magnitude going to
         the lowest indices."""
-        from grace import steps  # which imports this module
-
-        return steps.exact_top_k(self, x, k=k)
+        return exact_top_k(self, x, k=k)
 
     @abstractmethod
     def full_topk_indices(self, x: Tensor, k: int) -> Tensor:
@@ -302,6 +247,15 @@ class Ops(ABC):
 
         outputs = fn(*[self.to_numpy(x) for x in inputs])
         return [self.from_numpy(np.asarray(o), like=inputs[0]) for o in outputs]
+
+    def rows_on_host(self, codec: Any, name: str, rank: int) -> Any:
+        """For an adapter that traces graphs whose number of rows is known only when they run: an
+        object that does ``codec``'s (a ``grace.sparse.RowsCodec``) work on the host then, with
+        ``encode(indices, rows, ops)``, ``combine(payloads, ctx, ops, scale)`` and
+        ``settle(discard, ops)`` (TensorFlow: ``frameworks/tensorflow/rows.py``). An eager
+        adapter never needs one."""
+        raise NotImplementedError(f"{type(self).__name__} knows every size before it runs: it has "
+                                  f"no rows to encode on the host")
 
     # --- more arithmetic, reductions and selection ----------------------------------------------
     def size(self, x: Tensor) -> Any:
@@ -547,26 +501,21 @@ def host_row_sums(rows):
     return np.sum(np.asarray(rows, dtype=np.float64), axis=1)
 
 
-_BACKENDS = {
-    "numpy": "grace.backends.numpy_ops:NumpyOps",
-    "torch": "frameworks.torch.ops:TorchOps",
-    "tensorflow": "frameworks.tensorflow.ops:TensorFlowOps",
-    "keras": "frameworks.tensorflow.ops:TensorFlowOps",
-}
-_INSTANCES: dict[str, Ops] = {}
+_INSTANCES: dict[type, Ops] = {}
 
 
 def ops_for(x: Tensor) -> Ops:
-    """The ``Ops`` adapter for ``x``'s framework, imported on first use (so ``grace`` itself never
-    imports torch or TensorFlow)."""
+    """The ``Ops`` adapter for ``x``'s framework, registered under its top-level module
+    (``grace.adapters``) and imported on first use (so ``grace`` itself never imports torch or
+    TensorFlow); one instance per adapter class."""
     top = type(x).__module__.split(".")[0]
-    if top not in _BACKENDS:
+    known = adapters.registered("grace.ops")
+    if top not in known:
         raise TypeError(
             f"grace cannot operate on a {type(x).__module__}.{type(x).__name__}; "
-            f"expected a tensor of one of: {', '.join(sorted(set(_BACKENDS)))}"
+            f"expected a tensor of one of: {', '.join(sorted(known))}"
         )
-    path = _BACKENDS[top]
-    if path not in _INSTANCES:
-        module, cls = path.split(":")
-        _INSTANCES[path] = getattr(importlib.import_module(module), cls)()
-    return _INSTANCES[path]
+    cls = adapters.load("grace.ops", top)
+    if cls not in _INSTANCES:
+        _INSTANCES[cls] = cls()
+    return _INSTANCES[cls]

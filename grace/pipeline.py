@@ -4,29 +4,32 @@ and the fused exchange of buckets of tensors."""
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Generator, Sequence
+from dataclasses import replace
+from typing import Any, Callable, Sequence
 
 from grace import hierarchy
-from grace.bucketing import DEFAULT_BUCKET_BYTES, bucket_tag, form_buckets
+from grace.bucketing import DEFAULT_BUCKET_BYTES, bucket_tag
 from grace.collectives import Collectives
-from grace.communicator import Communicator, Started
+from grace.communicator import Communicator
 from grace.communicators.allgather import Allgather
 from grace.communicators.allreduce import Allreduce
 from grace.communicators.alltoall import ShardCodec, keeps_residual
 from grace.compressor import Compressor, Context, numel_of
 from grace.compressors.none import NoneCompressor
-from grace.memories.momentum import MomentumMemory
+from grace.exchange import Entry, Exchange
 from grace.memories.none import NoneMemory
-from grace.memories.residual import DelayedResidualMemory, ResidualMemory
+from grace.memories.residual import ResidualMemory
 from grace.memory import Memory
-from grace.momentum import OptimizerMomentum, owner
+from grace.momentum import OptimizerMomentum
 from grace.ops import FLOAT_DTYPES, Ops, Tensor, ops_for
-from grace.second_moment import SharedSecondMoment
-from grace.sparse import RowResidual, Rows, RowsCodec, RowVelocity, payload_bytes_horovod
+from grace.plan import GRANULARITIES, Plan, Route
+from grace.rounds import Rounds, run_together
+from grace.sparse import RowResidual, Rows, RowsCodec, payload_bytes_horovod
 from grace.state import StateStore, plain
+from grace.takeover import Takeover
+from grace.transaction import StepTransaction, carries_nonfinite, flag_of
 
-GRANULARITIES = ("layer", "bucket")
+__all__ = ["GRANULARITIES", "Pipeline", "Route", "takes_overwrite"]
 
 
 def takes_overwrite(memory: Memory) -> bool:
@@ -39,97 +42,6 @@ def takes_overwrite(memory: Memory) -> bool:
 
 
 _TAKES_OVERWRITE: dict[type, bool] = {}
-
-
-@dataclass
-class Entry:
-    """One unit a bucket compresses: a tensor, or (``granularity="bucket"``) the bucket's float
-    tensors of one dtype joined into one vector; ``positions`` and ``shapes`` say which of the
-    bucket's tensors it carries."""
-
-    name: str
-    positions: list[int]
-    shapes: list[tuple[int, ...]]
-    source: Tensor  # as the worker computed it, before error feedback
-    compressor: Compressor | None = None
-    memory: Memory | None = None
-    communicator: Communicator | None = None
-    ctx: Context | None = None
-    compensated: Tensor | None = None
-    payload: list | None = None  # this round's payload, once encoded
-    vote: Tensor | None = None  # an ``agrees_on_form`` compressor's vote, until agreed
-    transaction: dict | None = None  # its state writes, committed with the step's verdict
-    flagged: bool = False  # its non-finite flag rides with the bucket's
-    ready: Tensor | None = None  # set when nothing had to travel (empty tensors)
-    deferred: Callable | None = None  # traced: f(discard, scale) -> the result, run after the verdict
-    result: Tensor | None = None
-    owned: bool = False  # its source is read no more: error feedback may add into it
-    flag: Tensor | None = None  # its non-finite flag, taken before error feedback wrote its source
-    plan: str | None = None  # how it travels, where its tensors' plan decided it (joined alike)
-
-
-@dataclass
-class Sent:
-    """The collectives of one round of a bucket: per communicator, the entries it carries and what
-    it started."""
-
-    groups: list[tuple[Communicator, list[int], Started]] = field(default_factory=list)
-    flag: Any = None  # the flag's own allreduce, when no communicator could carry it
-
-
-@dataclass
-class Exchange:
-    """A bucket between ``Pipeline.start_bucket`` and ``Pipeline.finish_step``."""
-
-    tag: str
-    entries: list[Entry]
-    count: int  # the bucket's tensors
-    ops: Ops
-    live: list[Entry]  # the entries sent in the first round
-    sent: Sent
-    single: bool = False  # started by ``start``: its result is the tensor itself
-
-    def results(self) -> Any:
-        out: list = [None] * self.count
-        ops = self.ops
-        for entry in self.entries:
-            if isinstance(entry.compressor, RowsCodec):  # a sparse gradient: its rows
-                table = entry.shapes[0]
-                out[entry.positions[0]] = Rows(entry.ctx.data["indices"],
-                                               ops.reshape(entry.result, [-1, *table[1:]]), table)
-                continue
-            if len(entry.positions) == 1:
-                out[entry.positions[0]] = ops.reshape(entry.result, entry.shapes[0])
-                continue
-            pieces = ops.split(ops.flatten(entry.result), [numel_of(s) for s in entry.shapes])
-            for position, shape, piece in zip(entry.positions, entry.shapes, pieces):
-                out[position] = ops.reshape(piece, shape)
-        return out[0] if self.single else out
-
-
-def _run_together(steps: list[Generator]) -> list:
-    """Advance every generator one step at a time, in order, until each has returned; their
-    return values, in order. Every worker so issues the buckets' rounds in the same order."""
-    results: list = [None] * len(steps)
-    pending = list(enumerate(steps))
-    while pending:
-        still = []
-        for index, step in pending:
-            try:
-                next(step)
-                still.append((index, step))
-            except StopIteration as done:
-                results[index] = done.value
-        pending = still
-    return results
-
-
-def _sum_payloads(payloads: list, ops: Ops) -> list:
-    """Per-worker payloads added component by component (a single one is returned as it is)."""
-    total = list(payloads[0])
-    for payload in payloads[1:]:
-        total = [ops.add(a, b) for a, b in zip(total, payload)]
-    return total
 
 
 BUILT_WHILE_TRACING: list[Callable[[], Any]] = []
@@ -203,59 +115,74 @@ class Pipeline:
         self.compressor = compressor
         self.memory = memory
         self.communicator = communicator
-        self.min_numel = min_numel
         self.check_finite = check_finite
         self.warmup_steps = warmup_steps
-        self.granularity = granularity
-        self.bucket_bytes = bucket_bytes
         self.hierarchical = hierarchical
-        self.keep_optimizer = keep_optimizer
-        """Leave the wrapped optimizer as the user set it: take neither its momentum nor Adam's
-        moments over; a part that applies momentum itself applies only what it was given."""
-        self._kept_notes: list[str] = []  # said by take_momentum where it changed nothing
         self.built_while_tracing = next(
             (site for site in (where() for where in BUILT_WHILE_TRACING) if site is not None), None)
         """Where the user's code built it inside a function being traced (Horovod's examples
         build their compression inside the ``tf.function`` step), else ``None``: the framework's
         wrapper shares the one pipeline that line builds among the traces
         (``frameworks/tensorflow/keras3.py``)."""
+        self.state_store = StateStore()
+        """This pipeline's state and its step's transaction (``grace.state``), which every part
+        it drives reads and writes through."""
+        self._counters: dict = {}
+        # The parts, each one job: the plan, the takeover, the rounds engine, the transaction. The
+        # settings a part uses live in it (``min_numel`` in the plan, ...): the pipeline's
+        # attributes of the same names read and set them there.
+        self.planner = Plan(compressor, min_numel, granularity, bucket_bytes)
+        self.takeover = Takeover(compressor, memory, communicator, keep_optimizer, self._own)
+        """What the pipeline takes over from the wrapped optimizer (``grace.takeover``)."""
+        self.rounds = Rounds(self.state_store, self._counters)
+        self.transaction = StepTransaction(self.state_store)
         self._exchanges: dict = {}  # per tensor: how many exchanges the warm-up has counted
         self._dense_compressor = NoneCompressor()
-        self._dense_memory = NoneMemory()
-        self._taken: tuple | None = None  # the optimizer's momentum, once taken over
-        self._moments: SharedSecondMoment | None = None  # Adam's second moment, once taken over
         self._dense_communicator = Allreduce()
         self._row_residual = RowResidual()  # sparse gradients' error feedback, as rows
-        self._row_velocity = RowVelocity()  # their momentum, when taken over
         self._row_communicator = Allgather()
         # Error feedback at a shard's owner (communicator="alltoall"), where the workers keep some.
         self._owner_memory = (ResidualMemory() if communicator.shards and keeps_residual(memory)
                               else NoneMemory())
         self._sharded: dict[int, ShardCodec] = {}
-        self.state_store = StateStore()
-        """This pipeline's state and its step's transaction (``grace.state``), which every part
-        it drives reads and writes through."""
-        self._own(compressor, memory, self._dense_compressor, self._dense_memory, self._row_residual,
-                  self._row_velocity, self._owner_memory)
-        part = owner(self)
-        if keep_optimizer and part is not None and part.momentum_given is None:
-            part.momentum = 0.0  # nothing of the optimizer's is taken, and no default added
+        self._own(compressor, memory, self._dense_compressor, self._row_residual, self._owner_memory)
         self.reset_stats()
+
+    min_numel = property(lambda self: self.planner.min_numel,
+                         lambda self, value: setattr(self.planner, "min_numel", value),
+                         doc="Tensors with fewer elements travel dense (``Plan``).")
+    granularity = property(lambda self: self.planner.granularity,
+                           lambda self, value: setattr(self.planner, "granularity", value),
+                           doc="``layer``: each tensor compressed alone; ``bucket``: joined.")
+    bucket_bytes = property(lambda self: self.planner.bucket_bytes,
+                            lambda self, value: setattr(self.planner, "bucket_bytes", value),
+                            doc="Dense bytes per bucket (``Plan.buckets``).")
+    keep_optimizer = property(lambda self: self.takeover.keep_optimizer,
+                              lambda self, value: setattr(self.takeover, "keep_optimizer", value),
+                              doc="Leave the wrapped optimizer as the user set it: take neither its "
+                                  "momentum nor Adam's moments over; a part that applies momentum "
+                                  "itself applies only what it was given.")
 
     def _own(self, *parts: Any) -> None:
         """Give ``parts`` this pipeline's state store."""
         for part in parts:
             part.state_store = self.state_store
 
+    @property
+    def _dense_memory(self) -> Memory:
+        """The memory of the tensors that travel dense: the momentum taken over, if any."""
+        return self.takeover.dense_memory
+
     def __repr__(self) -> str:
-        dense = "" if isinstance(self._dense_memory, NoneMemory) else f", dense_memory={self._dense_memory!r}"
+        dense = "" if self._dense_memory.stateless else f", dense_memory={self._dense_memory!r}"
+        moments = self.takeover.moments
         return (f"Pipeline(compressor={self.compressor!r}, memory={self.memory!r}{dense}, "
                 f"communicator={self.communicator!r}, min_numel={self.min_numel}, "
                 f"check_finite={self.check_finite}, warmup_steps={self.warmup_steps}, "
                 f"granularity={self.granularity!r}, bucket_bytes={self.bucket_bytes}"
                 + (", hierarchical=True" if self.hierarchical else "")
                 + (", keep_optimizer=True" if self.keep_optimizer else "")
-                + (f", adam={self._moments!r})" if self._moments is not None else ")"))
+                + (f", adam={moments!r})" if moments is not None else ")"))
 
     # --- what Horovod's own optimizer would call -----------------------------------------------
     def compress(self, tensor):
@@ -267,136 +194,60 @@ class Pipeline:
 
     decompress = compress
 
-    # --- momentum taken over from the optimizer -------------------------------------------------
+    # --- the optimizer takeover (``grace.takeover``): what the wrappers ask ----------------------
     def take_momentum(self, found: OptimizerMomentum, adam: bool = False) -> str | None:
-        """Hand the wrapped optimizer's momentum (``found``) to the part of this pipeline that
-        applies momentum itself, if there is one; the caller then has the optimizer step without
-        it. The tensors that travel dense get ``found`` from here on, applied before the exchange,
-        so that every tensor keeps the momentum the optimizer gave it. Returns the sentence to log
-        once, or ``None`` when nothing was taken (``adam``: ``found`` is Adam's ``beta_1``, taken
-        only by the algorithms that ask for it). See ``grace.momentum``."""
-        part = owner(self)
-        if part is None or (adam and not part.takes_adam_beta1) or self.keep_optimizer:
-            return None
-        if found.momentum == 0.0:
-            if part.momentum_given is None and not part.keeps_default_momentum:
-                part.momentum = 0.0  # the optimizer as it is: no momentum there, none here
-            kept = part.kept_line(found, self.compressor.name)
-            if kept is not None:
-                self._kept_notes.append(kept)
-            return None
-        self._apply_momentum(part, found)
-        return part.takeover_line(found, self.compressor.name)
+        """``Takeover.take_momentum``: the optimizer's momentum to the part that applies it."""
+        return self.takeover.take_momentum(found, adam)
 
-    def notices(self, size: int, optimizer_seen: bool = True,
-                wrapper: str = "DistributedGradientTape") -> list[str]:
-        """The sentences a wrapper logs once on rank 0 when it is built for a job of ``size``
-        workers: each way this pipeline departs from what the user set and nothing else says
-        (``take_momentum``'s and ``take_adam_moments``' own lines aside): a compressor's floor
-        under its ratio, the route ``communicator="auto"`` takes at this size, a compressor's own
-        momentum kept over an optimizer without one, and, where the wrapper sees no optimizer
-        (``optimizer_seen=False``: ``DistributedGradientTape``, or a DDP hook: ``wrapper`` names
-        it), the momentum a compressor applies itself or needs to be given."""
-        lines = [self.compressor.notice(), self.communicator.notice(size, self.compressor.name),
-                 *self._kept_notes]
-        part = owner(self)
-        if not optimizer_seen and part is not None and not self.keep_optimizer:
-            lines.append(part.unseen_optimizer_line(self.compressor.name, wrapper))
-        if self.keep_optimizer and part is not None:
-            lines.append(part.dropped_default_line(self.compressor.name))
-        if not optimizer_seen:
-            lines.append(self.compressor.learning_rate_notice(None))
-        return [line for line in lines if line is not None]
-
-    def adam_caution(self, optimizer: str) -> str | None:
-        """The line a wrapper logs once when this pipeline wraps Adam (``optimizer`` names it), where
-        the compressor is measured to fall short with Adam (``Compressor.adam_caution``) and did
-        not take Adam's moments over (``take_adam_moments``), else ``None``."""
-        caution = self.compressor.adam_caution
-        if caution is None or self._moments is not None:
-            return None
-        return f"grace: {self.compressor.name} with {optimizer}: {caution}"
+    def retake_momentum(self, found: OptimizerMomentum) -> None:
+        """``Takeover.retake_momentum``: the momentum taken, as the optimizer now says it."""
+        self.takeover.retake_momentum(found)
 
     def take_adam_moments(self, beta2: float, eps: float, averaged: bool = True) -> str | None:
-        """Take the wrapped Adam's moments over, where the compressor steps better with them
-        (random-k: ``grace.second_moment``): its compressed tensors then come out of the exchange
-        as the update to step by the learning rate, ``burst / (sqrt(v) + eps)``, which the wrapper
-        steps itself (``steps_itself``), the optimizer stepping the rest as it is. Needs the
-        compressor's own error feedback over a plain allreduce, tensor by tensor, without warm-up,
-        and workers' gradients averaged (``averaged``: ``hvd.Average`` without a predivide
-        factor): where one of those is not so, nothing is taken (``None``). Called again before
-        each step with the optimizer's settings as they are then. Returns the sentence to log once,
-        or ``None``."""
-        takes = getattr(self.compressor, "can_take_second_moment", False)
-        if not (takes and averaged and not self.keep_optimizer and type(self.memory) is DelayedResidualMemory
-                and type(self.communicator) is Allreduce and not self.hierarchical
-                and self.granularity == "layer" and not self.warmup_steps):
-            return None
-        if self._moments is not None:
-            self._moments.retake(beta2, eps)
-            return None
-        moments = SharedSecondMoment(beta2, eps)
-        self._own(moments)
-        self._moments = self.compressor.moments = self.memory.moments = moments
-        return (f"grace: {self.compressor.name} takes Adam's moments over for the tensors it "
-                f"compresses: it divides its error feedback's updates by every worker's second "
-                f"moment (beta2 {moments.beta2}, eps {moments.eps}), sent with the drawn entries "
-                f"(twice the values), steps them by the learning rate without a first moment "
-                f"(momentum on ~1/ratio-step-late updates diverges), and the optimizer steps the "
-                f"rest as it is (docs/quality.md, 'With Adam')")
+        """``Takeover.take_adam_moments``: Adam's moments, for random-k, on the plain route (tensor
+        by tensor, not hierarchical, no warm-up). Its compressed tensors then come out of the
+        exchange as the update the wrapper steps itself (``steps_itself``)."""
+        plain_route = self.granularity == "layer" and not self.hierarchical and not self.warmup_steps
+        return self.takeover.take_adam_moments(beta2, eps, averaged, plain_route)
 
     @property
     def adam_moments_taken(self) -> bool:
         """Whether ``take_adam_moments`` took them (once, for every wrapper of this pipeline)."""
-        return self._moments is not None
+        return self.takeover.moments is not None
+
+    def adam_caution(self, optimizer: str) -> str | None:
+        """``Takeover.adam_caution``: the line to log once where the compressor falls short with
+        Adam."""
+        return self.takeover.adam_caution(optimizer)
+
+    def notices(self, size: int, optimizer_seen: bool = True,
+                wrapper: str = "DistributedGradientTape") -> list[str]:
+        """``Takeover.notices``: the sentences a wrapper logs once on rank 0 when it is built for
+        a job of ``size`` workers."""
+        return self.takeover.notices(size, optimizer_seen, wrapper)
 
     def steps_itself(self, shape: tuple[int, ...], dtype: str, ops: Ops) -> bool:
         """Whether a tensor of this shape and dtype comes out of the exchange as the update that
         the wrapper steps by the learning rate (Adam's moments taken over, ``take_adam_moments``),
         rather than as the gradient for the optimizer."""
-        return self._moments is not None and self.plan(tuple(shape), dtype, ops) == "compressed"
+        return self.adam_moments_taken and self.plan(tuple(shape), dtype, ops) == Route.COMPRESSED
 
-    def retake_momentum(self, found: OptimizerMomentum) -> None:
-        """The momentum taken over, as the optimizer's settings now say it (they may have been
-        replaced since: ``hvd.broadcast_optimizer_state`` gives every worker rank 0's, a resumed
-        ``load_state_dict`` the saved ones). Nothing changes when they are as taken, or when none
-        was taken. The velocities are kept."""
-        if self._taken is None or self._taken == (found.momentum, found.nesterov, found.dampening):
-            return
-        self._apply_momentum(owner(self), found)
+    # --- the plan (``grace.plan``): what travels how ------------------------------------------------
+    def plan(self, shape: tuple[int, ...], dtype: str, ops: Ops) -> Route:
+        """How a tensor of this shape and dtype travels (``Plan.route``): ``Route.EMPTY``,
+        ``DENSE`` (allreduce, no memory) or ``COMPRESSED``. Every wrapper asks this one question;
+        the warm-up may still send a compressed tensor dense in a given step."""
+        return self.planner.route(shape, dtype, ops)
 
-    def _apply_momentum(self, part: Any, found: OptimizerMomentum) -> None:
-        part.take_momentum(found)
-        if isinstance(self._dense_memory, MomentumMemory):  # retaken: the same velocities
-            dense = self._dense_memory
-            dense.momentum, dense.nesterov, dense.dampening = (found.momentum, found.nesterov,
-                                                               found.dampening)
-        else:
-            dense = MomentumMemory(found.momentum, found.nesterov, found.dampening)
-            if isinstance(part, MomentumMemory) and part.momentum_params() == dense.momentum_params():
-                # One velocity per tensor: a warm-up's dense steps build what compression continues.
-                dense.velocities = part.velocities
-        self._own(dense)
-        self._dense_memory = dense
-        rows = self._row_velocity
-        rows.momentum, rows.nesterov, rows.dampening = found.momentum, found.nesterov, found.dampening
-        self._taken = (found.momentum, found.nesterov, found.dampening)
+    def compresses(self, shape: tuple[int, ...], dtype: str, ops: Ops) -> bool:
+        """Whether a tensor of this shape and dtype is compressed, or travels dense."""
+        return self.plan(shape, dtype, ops) == Route.COMPRESSED
 
-    # --- what travels how ------------------------------------------------------------------------
-    def plan(self, shape: tuple[int, ...], dtype: str, ops: Ops) -> str:
-        """How a tensor of this shape and dtype travels: ``"empty"`` (nothing to send),
-        ``"dense"`` (allreduce, no memory) or ``"compressed"``. Every wrapper asks this one
-        question; the warm-up may still send a compressed tensor dense in a given step."""
-        numel = numel_of(shape)
-        if numel == 0:
-            return "empty"
-        if dtype not in FLOAT_DTYPES or numel < max(self.min_numel, 1):
-            return "dense"
-        if not self.compressor.accepts(tuple(shape)):
-            return "dense"
-        itemsize = ops.itemsize(dtype)
-        estimate = self.compressor.payload_nbytes(tuple(shape), itemsize)
-        return "compressed" if estimate is None or estimate < numel * itemsize else "dense"
+    def buckets(self, tensors: Sequence[tuple[Sequence[int], str]], ops: Ops) -> list[list[int]]:
+        """Positions of ``tensors`` ((shape, dtype) each, in the order they become ready) grouped
+        into buckets of at most ``bucket_bytes`` dense bytes (``Plan.buckets``). Every worker forms
+        the same buckets from the same tensors."""
+        return self.planner.buckets(tensors, ops)
 
     @property
     def starts_waiting(self) -> bool:
@@ -405,23 +256,6 @@ class Pipeline:
         the same order on every worker, which backward's hooks do not promise (a worker whose graph
         skips a parameter completes its buckets in another order, or in ``synchronize``)."""
         return self.hierarchical or self.compressor.agrees_on_form
-
-    def compresses(self, shape: tuple[int, ...], dtype: str, ops: Ops) -> bool:
-        """Whether a tensor of this shape and dtype is compressed, or travels dense."""
-        return self.plan(shape, dtype, ops) == "compressed"
-
-    def buckets(self, tensors: Sequence[tuple[Sequence[int], str]], ops: Ops) -> list[list[int]]:
-        """Positions of ``tensors`` ((shape, dtype) each, in the order they become ready) grouped
-        into buckets of at most ``bucket_bytes`` dense bytes (a larger tensor alone). A bucket
-        holds tensors of one dtype that travel alike (``plan``; at ``granularity="bucket"`` the
-        float ones are compressed together whatever their size), so that each round of a bucket is
-        one collective. Every worker forms the same buckets from the same tensors."""
-        def kind(shape, dtype):
-            if self.granularity == "bucket" and dtype in FLOAT_DTYPES:
-                return dtype, "joined"
-            return dtype, self.plan(tuple(shape), dtype, ops)
-        return form_buckets([numel_of(shape) * ops.itemsize(dtype) for shape, dtype in tensors],
-                            self.bucket_bytes, [kind(shape, dtype) for shape, dtype in tensors])
 
     # --- the exchange --------------------------------------------------------------------------
     def start(self, tensor: Tensor, name: str, group: Collectives, ops: Ops | None = None) -> Exchange:
@@ -448,7 +282,7 @@ class Pipeline:
         values = ops.reshape(rows.values, [-1, width])
         entry = Entry(name, [0], [table], values)
         encoded = (self.compressor.encodes_rows
-                   and self.plan(table, ops.dtype(values), ops) == "compressed")
+                   and self.plan(table, ops.dtype(values), ops) == Route.COMPRESSED)
         if self.check_finite:
             entry.transaction, entry.flagged = {}, True
         with self.state_store.within(entry.transaction):
@@ -456,18 +290,19 @@ class Pipeline:
                 exchange = self.state_store.counter(ops, self._exchanges, name)
                 # In a traced graph the count is a tensor: no warm-up for rows there.
                 encoded = not isinstance(exchange, int) or exchange >= self.warmup_steps
-            residual = None if isinstance(self.memory, NoneMemory) else self._row_residual
-            velocity = self._row_velocity if self._taken is not None else None
+            residual = None if self.memory.stateless else self._row_residual
+            velocity = self.takeover.row_velocity if self.takeover.taken is not None else None
             entry.compressor = RowsCodec(self.compressor, encoded, table, residual, velocity,
                                          transactional=self.check_finite)
             self._own(entry.compressor)
+            entry.settle = entry.compressor.settle
             entry.memory, entry.communicator = NoneMemory(), self._row_communicator
             entry.payload, entry.ctx = entry.compressor.encode_rows(rows.indices, values, name, ops,
                                                                     group.rank)
         self.state_store.counter(ops, self._counters, "bytes_dense", payload_bytes_horovod(rows, ops))
         self.state_store.counter(ops, self._counters, "tensors", 1)
         tag = f"grace.{name}"
-        sent = self._send_round([entry], tag, group, ops, self._flag_of([entry], ops))
+        sent = self.rounds.send([entry], tag, group, ops, flag_of([entry], ops))
         return Exchange(tag, [entry], 1, ops, [entry], sent, single=True)
 
     def start_bucket(self, tensors: Sequence[Tensor], names: Sequence[str], group: Collectives,
@@ -495,7 +330,7 @@ class Pipeline:
             self._prepare(entry, group, ops)
         self._vote(entries, tag, group, ops)
         live = [e for e in entries if e.payload is not None]
-        sent = self._send_round(live, tag, group, ops, self._flag_of(entries, ops))
+        sent = self.rounds.send(live, tag, group, ops, flag_of(entries, ops))
         return Exchange(tag, entries, len(tensors), ops, live, sent)
 
     def _entries(self, tensors: list, names: list, ops: Ops, overwrite: bool = False) -> list[Entry]:
@@ -528,40 +363,41 @@ class Pipeline:
         one flag and one decoding per bucket instead of per tensor: on a GPU, a dozen kernel
         launches per tensor (docs/performance.md)."""
         return (self.granularity == "layer" and self.compressor.elementwise
-                and isinstance(self.memory, NoneMemory)
-                and type(self.communicator) is Allreduce and self._taken is None
-                and self._moments is None and not self.warmup_steps)
+                and self.memory.stateless and self.communicator.sums
+                and self.takeover.taken is None and self.takeover.moments is None
+                and not self.warmup_steps)
 
     def _joined_alike(self, whole: list[Entry], ops: Ops) -> list[Entry]:
-        """``whole``'s float tensors joined into one entry per (dtype, plan), each entry keeping
-        its tensors' plan; the others (empty, integer) as they are."""
-        groups: dict[tuple[str, str], list[Entry]] = {}
+        """``whole``'s float tensors joined into one entry per (dtype, route), each entry keeping
+        its tensors' route; the others (empty, integer) as they are."""
+        groups: dict[tuple[str, Route], list[Entry]] = {}
         kept = []
         for entry in whole:
             dtype = ops.dtype(entry.source)
-            plan = self.plan(tuple(ops.shape(entry.source)), dtype, ops)
-            if dtype in FLOAT_DTYPES and plan in ("dense", "compressed"):
-                groups.setdefault((dtype, plan), []).append(entry)
+            route = self.plan(tuple(ops.shape(entry.source)), dtype, ops)
+            if dtype in FLOAT_DTYPES and route in (Route.DENSE, Route.COMPRESSED):
+                groups.setdefault((dtype, route), []).append(entry)
             else:
                 kept.append(entry)
-        for (dtype, plan), members in groups.items():
+        for (dtype, route), members in groups.items():
             if len(members) == 1:
                 kept.append(members[0])
                 continue
             flat = ops.concat([ops.flatten(e.source) for e in members])
-            kept.append(Entry(f"joined.{members[0].name}.{plan}", [e.positions[0] for e in members],
-                              [e.shapes[0] for e in members], flat, owned=True, plan=plan))
+            kept.append(Entry(f"joined.{members[0].name}.{route.value}",
+                              [e.positions[0] for e in members], [e.shapes[0] for e in members],
+                              flat, owned=True, route=route))
         return kept
 
     def _prepare(self, entry: Entry, group: Collectives, ops: Ops) -> None:
         """Decide how ``entry`` travels this step and encode it (a vote first, for a compressor
         that ``agrees_on_form``; in a traced graph the warm-up's choice is deferred)."""
         shape, dtype = ops.shape(entry.source), ops.dtype(entry.source)
-        plan = entry.plan or self.plan(shape, dtype, ops)
-        if plan == "empty":
+        route = entry.route or self.plan(shape, dtype, ops)
+        if route == Route.EMPTY:
             entry.ready = ops.copy(entry.source)
             return
-        dense, count = plan == "dense", False
+        dense, count = route == Route.DENSE, False
         if not dense and self.warmup_steps:
             # Read here; counted with the step's other state writes, so a skipped step undoes it.
             exchange = self.state_store.counter(ops, self._exchanges, entry.name, 0)
@@ -583,7 +419,7 @@ class Pipeline:
                 self.compressor, self.memory, self.communicator.resolve(group.size))
             if entry.communicator.shards:
                 entry.compressor, entry.communicator = self._sharding(entry, group, ops)
-        carries = self._carries_nonfinite(entry.compressor, entry.memory, entry.communicator)
+        carries = carries_nonfinite(entry.compressor, entry.memory, entry.communicator)
         if self.check_finite and (count or not carries):
             entry.transaction = {}
             entry.flagged = not carries
@@ -688,125 +524,9 @@ class Pipeline:
     def _exchange_now(self, entry: Entry, group: Collectives, ops: Ops, scale: float,
                       discard: Tensor) -> Tensor:
         """One encoded entry's whole exchange, its writes committed unless ``discard``."""
-        sent = self._send_round([entry], f"grace.{entry.name}", group, ops, None)
-        total = self._collect([entry], sent, f"grace.{entry.name}", group, ops, scale)[0][0]
-        if entry.transaction is None:
-            return total
-        dropped = ops.is_set(discard)
-        self.state_store.commit(ops, entry.transaction, dropped)
-        return ops.nan_if(dropped, total)
-
-    @staticmethod
-    def _carries_nonfinite(compressor, memory, communicator) -> bool:
-        """A tensor allreduced as it is, with no state, needs no flag: an Inf or NaN on any worker
-        is in the sum every worker receives, and there is nothing to roll back."""
-        return (isinstance(compressor, NoneCompressor) and isinstance(memory, NoneMemory)
-                and isinstance(communicator, Allreduce))
-
-    def _flag_of(self, entries: list[Entry], ops: Ops) -> Tensor | None:
-        """This worker's "some tensor of the bucket is not finite" flag (1-element float32), for
-        the entries with state to roll back; a tensor allreduced as it is carries its own Inf or
-        NaN into the sum every worker receives."""
-        flagged = [e for e in entries if e.flagged]
-        if not flagged:
-            return None
-        def flag_of(entry):
-            return entry.flag if entry.flag is not None else ops.nonfinite_flag(entry.source)
-
-        flag = flag_of(flagged[0])
-        for entry in flagged[1:]:
-            flag = ops.maximum(flag, flag_of(entry))
-        return flag
-
-    def _send_round(self, entries: list[Entry], tag: str, group: Collectives, ops: Ops,
-                    flag: Tensor | None) -> Sent:
-        """Start one round's collectives: the entries' payloads by communicator (a kind each, so
-        that dense and compressed payloads of one bucket each travel packed), ``flag`` inside the
-        first that can carry it, else in an allreduce of its own."""
-        by_kind: dict[type, tuple[Communicator, list[int]]] = {}
-        for i, entry in enumerate(entries):
-            by_kind.setdefault(type(entry.communicator), (entry.communicator, []))[1].append(i)
-        sent = Sent()
-        for communicator, members in by_kind.values():
-            started = communicator.start([entries[i].payload for i in members],
-                                         [not entries[i].compressor.fixed_size for i in members],
-                                         flag, tag, group, ops, [entries[i] for i in members])
-            if started.carries_flag:
-                flag = None
-            self.state_store.counter(ops, self._counters, "bytes_sent", started.bytes_sent)
-            if started.bytes_control:
-                self.state_store.counter(ops, self._counters, "bytes_control", started.bytes_control)
-            sent.groups.append((communicator, members, started))
-        if flag is not None:
-            self.state_store.counter(ops, self._counters, "bytes_control", ops.nbytes(flag))
-            sent.flag = group.allreduce_async(flag, f"{tag}.nonfinite")
-        return sent
-
-    def _receive(self, sent: Sent, group: Collectives, ops: Ops) -> tuple[list[list], Tensor | None]:
-        """Wait for one round: per entry its payloads (one summed, or one per worker), and the
-        flag summed over workers."""
-        payloads: list[list] = [[] for _ in range(sum(len(m) for _, m, _ in sent.groups))]
-        flag = None
-        for communicator, members, started in sent.groups:
-            received, carried = communicator.finish(started, group, ops)
-            self.state_store.counter(ops, self._counters, "bytes_received", started.bytes_received)
-            if not isinstance(started.bytes_later, int) or started.bytes_later:
-                self.state_store.counter(ops, self._counters, "bytes_sent", started.bytes_later)
-            for i, payload in zip(members, received):
-                payloads[i] = payload
-            if carried is not None:
-                flag = carried
-        if sent.flag is not None:
-            flag = group.synchronize(sent.flag)
-        return payloads, flag
-
-    def _collect(self, entries: list[Entry], sent: Sent, tag: str, group: Collectives, ops: Ops,
-                 scale: float) -> tuple[list[Tensor], Tensor | None]:
-        """The entries' sums over workers times ``scale``, their state writes still pending, and
-        the bucket's flag (``_rounds`` run to its end)."""
-        return _run_together([self._rounds(entries, sent, tag, group, ops, scale)])[0]
-
-    def _rounds(self, entries: list[Entry], sent: Sent, tag: str, group: Collectives, ops: Ops,
-                scale: float) -> Generator[None, None, tuple[list[Tensor], Tensor | None]]:
-        """``_collect`` as steps: it pauses each time it has sent a round, so that the buckets of a
-        step can each send their next round before any waits for one (``_run_together``). A
-        compressor of several rounds computes each next payload from the previous one summed over
-        workers (PowerSGD: Q from the summed P); error feedback keeps what this worker's own last
-        payload leaves out. Each round is one exchange for the bucket."""
-        payloads, flag = self._receive(sent, group, ops)
-        step = 1
-        while True:
-            step += 1
-            later = [i for i, e in enumerate(entries) if e.compressor.rounds >= step]
-            if not later:
-                break
-            # The bucket's next payloads at once (only the pipeline's own compressor has more
-            # rounds than one): PowerSGD batches its orthogonalizations.
-            compressor = entries[later[0]].compressor
-            following = compressor.second_rounds([_sum_payloads(payloads[i], ops) for i in later],
-                                                 [entries[i].ctx for i in later], ops)
-            for i, payload in zip(later, following):
-                entry = entries[i]
-                entry.payload = payload
-                if compressor.rounds == step:
-                    with self.state_store.within(entry.transaction):
-                        entry.memory.update(entry.compensated, entry.name, compressor, payload,
-                                            entry.ctx, ops)
-            round_entries = [entries[i] for i in later]
-            round_sent = self._send_round(round_entries, f"{tag}.{step}", group, ops, None)
-            yield  # the other buckets send theirs while this round travels
-            received, _ = self._receive(round_sent, group, ops)
-            for i, payload in zip(later, received):
-                payloads[i] = payload
-                entry = entries[i]
-                if entry.compressor.rounds == step:
-                    with self.state_store.within(entry.transaction):
-                        entry.compressor.after_aggregate(_sum_payloads(payload, ops), entry.ctx, ops)
-        totals = []
-        for entry, payload in zip(entries, payloads):
-            with self.state_store.within(entry.transaction):
-                totals.append(entry.compressor.combine(payload, entry.ctx, ops, scale))
-        return totals, flag
+        sent = self.rounds.send([entry], f"grace.{entry.name}", group, ops, None)
+        total = self.rounds.collect([entry], sent, f"grace.{entry.name}", group, ops, scale)[0][0]
+        return self.transaction.settle(entry, total, discard, ops)
 
     def finish(self, pending: Exchange, group: Collectives, scale: float = 1.0) -> Tensor:
         """Wait for the collectives, decompress, aggregate over workers, multiply by ``scale``
@@ -837,8 +557,8 @@ class Pipeline:
         # A bucket's later rounds (PowerSGD's second) are sent for every bucket before any is
         # awaited: one bucket's round then travels while the next computes its own, instead of
         # each round trip in turn.
-        collected = _run_together([self._rounds(e.live, e.sent, e.tag, group, e.ops, scale)
-                                   for e in exchanges])
+        collected = run_together([self.rounds.run(e.live, e.sent, e.tag, group, e.ops, scale)
+                                  for e in exchanges])
         for exchange, (totals, flag) in zip(exchanges, collected):
             ops = exchange.ops
             for entry, total in zip(exchange.live, totals):
@@ -850,31 +570,8 @@ class Pipeline:
                 flags.append(flag)
             entries += exchange.entries
         if any(e.transaction is not None or e.deferred is not None for e in entries):
-            self._verdict(entries, flags, list(carried), scale, ops)
+            self.transaction.decide(entries, flags, list(carried), scale, ops)
         return [exchange.results() for exchange in exchanges]
-
-    def _verdict(self, entries: list[Entry], flags: list, carried: list, scale: float,
-                 ops: Ops) -> None:
-        """Keep or drop every pending state write of the step, by one verdict of all workers."""
-                # A tensor combined dense with no state carries its own Inf or NaN in the sum, which every
-        # worker sees: it counts towards the verdict without a flag of its own.
-        carried += [e.result for e in entries
-                    if e.deferred is None and not e.flagged and e.ready is None]
-        parts = flags + [ops.nonfinite_flag(t) for t in carried]
-        discard = parts[0] if parts else ops.zeros(1, "float32", like=entries[0].source)
-        for part in parts[1:]:
-            discard = ops.add(discard, part)
-        for entry in entries:
-            if entry.deferred is not None:
-                entry.result = entry.deferred(discard, scale)
-        dropped = ops.is_set(discard)
-        for entry in entries:
-            if entry.deferred is None:
-                if entry.transaction is not None:
-                    self.state_store.commit(ops, entry.transaction, dropped)
-                if isinstance(entry.compressor, RowsCodec):
-                    entry.compressor.settle(discard, ops)
-                entry.result = ops.nan_if(dropped, entry.result)
 
     def reduce(self, tensor: Tensor, name: str, group: Collectives, scale: float = 1.0) -> Tensor:
         """``start`` and ``finish`` in one call."""
@@ -914,12 +611,13 @@ class Pipeline:
 
     def _moment_stores(self) -> dict[str, dict]:
         """Adam's second moment, when taken over."""
-        return {} if self._moments is None else self._moments.state()
+        moments = self.takeover.moments
+        return {} if moments is None else moments.state()
 
     def _row_stores(self) -> dict[str, dict]:
         """The sparse gradients' state: residual rows and, when the momentum was taken over,
         velocity rows."""
-        return {k: v for part in (self._row_residual, self._row_velocity)
+        return {k: v for part in (self._row_residual, self.takeover.row_velocity)
                 for k, v in vars(part).items() if isinstance(v, dict)}
 
     # --- accounting ----------------------------------------------------------------------------

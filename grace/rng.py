@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from grace import native
+from grace.dtypes import index_dtype
+
 UNIFORM_SCALE = 2.0**-24
 """``counter_uniform_bits`` gives 24 bits; times this, a float32 in [0, 1), exactly."""
 
@@ -51,8 +54,6 @@ def reference_uniform(n: int, seed: int):
 def draw_uniform(n: int, seed: int):
     """``n`` float32 draws from [0, 1) for ``seed`` as a numpy array: grace/native's loop where it
     is built, else numpy; the same numbers either way."""
-    from grace import native
-
     if native.worth_running(n, []):
         return native.uniform(n, seed)
     return reference_uniform(n, seed)
@@ -82,8 +83,6 @@ def reference_indices(n: int, k: int, seed: int):
     ``n ln 2``. Ascending, in ``index_dtype(n)``. A pure function of (n, k, seed), with no generator
     to hold: grace/native's loop gives the same indices from a bitmap."""
     import numpy as np
-
-    from grace.ops import index_dtype  # grace.ops draws through this module
 
     check_draw(n, k)
     complement = k > n - k
@@ -116,8 +115,6 @@ def draw_indices(n: int, k: int, seed: int):
     run by grace/native's loop where it is built (a bitmap in place of numpy's sorts: 0.36 ms for
     1% of 2.4 M elements, against 1.05 ms for numpy's choice and sort). Ascending, so that
     gathering and scattering walk memory forwards (see ``Ops.topk_indices``)."""
-    from grace import native
-
     check_draw(n, k)
     if native.available():
         return native.choose_indices(n, k, seed)

@@ -8,21 +8,9 @@ these as ``steps.sign_bits(ops, x)``; ``Ops`` itself keeps to general primitives
 
 from __future__ import annotations
 
-from grace.buckets import Buckets
+from grace.blocks import Blocks
 from grace.kernels import accelerated
-from grace.ops import SAMPLED_TOPK_MIN, Ops, Tensor, sampled_topk_indices
-
-
-@accelerated("exact_top_k")
-def exact_top_k(ops: Ops, x: Tensor, *, k: int) -> Tensor:
-    """``Ops.topk_indices``: from ``SAMPLED_TOPK_MIN`` elements (k at most an eighth of them) the
-    exact top-k among the candidates above a threshold estimated on a strided sample
-    (``sampled_topk_indices``), else by ranking every element (``Ops.full_topk_indices``). The
-    kernel does the same in one call, with a sample of its own."""
-    n = ops.static_numel(x)
-    if n is None or n < SAMPLED_TOPK_MIN or k * 8 > n:
-        return ops.full_topk_indices(x, k)
-    return sampled_topk_indices(ops, x, k, n)
+from grace.ops import Ops, Tensor
 
 
 @accelerated("quantize_levels")
@@ -34,10 +22,10 @@ def quantize_levels(ops: Ops, x: Tensor, divisors: Tensor, *, seed: tuple, level
     ``2 q + (x < 0)`` of ``bits`` bits, packed. ``divisors``: positive, one per ``block``
     consecutive elements."""
     n = ops.numel(x)
-    buckets = Buckets.of(n, block)
+    blocks = Blocks.of(n, block)
     dtype = ops.dtype(x)
-    level = ops.scale(buckets.flat(ops.div(buckets.rows(ops.abs(x), ops),
-                                           buckets.column(ops.cast(divisors, dtype), ops)),
+    level = ops.scale(blocks.flat(ops.div(blocks.rows(ops.abs(x), ops),
+                                           blocks.column(ops.cast(divisors, dtype), ops)),
                                    ops), float(levels))
     low = ops.floor(level)
     uniform = ops.random_uniform(n, seed[0], seed[1], like=x)
@@ -52,8 +40,8 @@ def block_sums(ops: Ops, x: Tensor, *, block: int) -> Tensor:
     """Per block of ``block`` consecutive elements of the 1-d ``x``: the count of ``x >= 0``, the
     sum of those elements, the sum of the others, and the sum of squares, as a (4, blocks) float64
     tensor, accumulated in float64."""
-    buckets = Buckets.of(ops.numel(x), block)
-    rows = buckets.rows(ops.cast(x, "float64"), ops)
+    blocks = Blocks.of(ops.numel(x), block)
+    rows = blocks.rows(ops.cast(x, "float64"), ops)
     nonnegative = ops.greater_equal(rows, 0.0)
     zero = ops.zeros(1, "float64", like=rows)
     # The four quantities' rows stacked, so that one row_sums adds them all: on the CPU that is one
@@ -61,11 +49,17 @@ def block_sums(ops: Ops, x: Tensor, *, block: int) -> Tensor:
     stacked = ops.reshape(ops.concat([ops.cast(nonnegative, "float64"),
                                       ops.where(nonnegative, rows, zero),
                                       ops.where(nonnegative, zero, rows),
-                                      ops.mul(rows, rows)]), (4 * buckets.count, buckets.size))
+                                      ops.mul(rows, rows)]), (4 * blocks.count, blocks.size))
     # The padding's zeros count as non-negative (and add nothing): take them out of the count.
-    padding = ops.constant([0.0] * (buckets.count - 1) + [float(buckets.pad)] + [0.0] * (3 * buckets.count),
+    padding = ops.constant([0.0] * (blocks.count - 1) + [float(blocks.pad)] + [0.0] * (3 * blocks.count),
                            "float64", like=rows)
-    return ops.reshape(ops.sub(ops.row_sums(stacked), padding), (4, buckets.count))
+    return ops.reshape(ops.sub(ops.row_sums(stacked), padding), (4, blocks.count))
+
+
+def block_parts(blocks: Blocks, x: Tensor, ops: Ops) -> list:
+    """Per block of the 1-d ``x``, in float64: the count of ``x >= 0``, the sum of those, the sum
+    of the others, the sum of squares (``block_sums``), as four 1-d tensors."""
+    return ops.split(ops.flatten(block_sums(ops, x, block=blocks.size)), [blocks.count] * 4)
 
 
 @accelerated("unpack_blocks")
@@ -73,11 +67,11 @@ def unpack_blocks(ops: Ops, packed: Tensor, tables: Tensor, *, bits: int, n: int
     """``tables[i // block, code]`` for each of the ``n`` codes ``pack_bits`` packed: decoding with
     one table of ``2**bits`` values per block of ``block`` elements (``tables``: (blocks, 2**bits),
     the output's dtype)."""
-    buckets = Buckets.of(n, block)
-    codes = buckets.rows(ops.cast(ops.unpack_bits(packed, bits, n), "int32"), ops)
-    offsets = ops.mul(ops.arange(buckets.count, "int32", like=codes),
+    blocks = Blocks.of(n, block)
+    codes = blocks.rows(ops.cast(ops.unpack_bits(packed, bits, n), "int32"), ops)
+    offsets = ops.mul(ops.arange(blocks.count, "int32", like=codes),
                       ops.constant([1 << bits], "int32", like=codes))
-    index = buckets.flat(ops.add(codes, buckets.column(offsets, ops)), ops)
+    index = blocks.flat(ops.add(codes, blocks.column(offsets, ops)), ops)
     return ops.gather(ops.flatten(tables), index)
 
 

@@ -16,10 +16,12 @@ STAMP=$VENV/.grace-setup
 step() { CURRENT_STEP="$*"; echo "[setup] $*"; }
 trap 'echo "[setup] FAILED during: ${CURRENT_STEP:-start}" >&2' ERR
 
-# What decides whether an existing environment is still right: this script, the pins, and the
-# Horovod build variables a CUDA user may set (HOROVOD_GPU_OPERATIONS=NCCL, ...).
+# What decides whether an existing environment is still right: this script, the pins, the
+# package's metadata (setup.py and the adapters' entry points), and the Horovod build variables a
+# CUDA user may set (HOROVOD_GPU_OPERATIONS=NCCL, ...).
 horovod_env=$(env | grep -E '^HOROVOD_' | grep -vE '^HOROVOD_(WITH|WITHOUT)_' | sort || true)
-key=$(cat "$0" "$REQS" <(echo "$horovod_env") | sha256sum | cut -c1-16)
+key=$(cat "$0" "$REQS" "$ROOT/setup.py" "$ROOT/grace-entry-points.cfg" <(echo "$horovod_env") \
+      | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$key" ]; then
     echo "[setup] up to date (.venv, key $key)"
     exit 0

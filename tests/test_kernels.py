@@ -12,13 +12,12 @@ import torch
 
 import grace
 from frameworks.torch import ops as torch_ops
-from grace import native, steps
-from grace import ops as grace_ops
+from grace import native, selection
 from grace.backends.numpy_ops import NumpyOps
 
 TORCH = torch_ops.TorchOps()
 NUMPY = NumpyOps()
-N = grace_ops.SAMPLED_TOPK_MIN * 2 + 123  # above every fast-path threshold, not a multiple of 8
+N = selection.SAMPLED_TOPK_MIN * 2 + 123  # above every fast-path threshold, not a multiple of 8
 
 
 def magnitudes(x: torch.Tensor, indices) -> np.ndarray:
@@ -80,8 +79,8 @@ def test_a_threshold_that_keeps_too_few_tries_the_next_margin(monkeypatch):
     """A sample that overestimates the threshold (its stride lands on large values only) keeps fewer
     than k candidates at the first margin; the next margin, then the full ranking, still give the
     exact top-k, in every adapter."""
-    n = grace_ops.SAMPLED_TOPK_MIN * 4
-    stride = n // grace_ops.SAMPLE_SIZE
+    n = selection.SAMPLED_TOPK_MIN * 4
+    stride = n // selection.SAMPLE_SIZE
     x = np.ones(n, np.float32)
     x[::stride] = 10.0  # every sampled element is 10
     k = n // 10  # more than the n / stride 10s: the threshold 10 keeps too few
@@ -93,7 +92,7 @@ def test_a_threshold_that_keeps_too_few_tries_the_next_margin(monkeypatch):
         return original(self, values, threshold)
 
     monkeypatch.setattr(NumpyOps, "indices_at_least", counting)
-    chosen = steps.exact_top_k.composite(NUMPY, x, k=k)
+    chosen = selection.exact_top_k.composite(NUMPY, x, k=k)
     assert tried == [10.0, 10.0]  # both margins rank inside the sample's 10s
     assert len(np.unique(chosen)) == k and (x[chosen] == 10.0).sum() == n // stride
     import tensorflow as tf
@@ -129,7 +128,7 @@ def test_the_kernel_finds_the_top_k_when_its_sample_misleads():
     """The kernel's own strided sample (every ``n >> 14``-th element) all 10s: both margins keep
     too few candidates, and ranking every element still gives the exact top-k. NaN counts as the
     largest magnitude (k distinct indices whatever the step holds: the step is then rolled back)."""
-    n = grace_ops.SAMPLED_TOPK_MIN * 4
+    n = selection.SAMPLED_TOPK_MIN * 4
     x = np.ones(n, np.float32)
     x[:: n >> 14] = 10.0
     x[1::7] = 0.5

@@ -18,7 +18,7 @@ import torch
 
 import grace
 import grace.compressors
-from grace import kernels, native, steps
+from grace import kernels, native, selection, steps
 from grace.backends import NumpyOps
 from grace.ops import Ops
 from grace.state import DEFAULT, StateStore
@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def accelerated_steps() -> dict[str, object]:
-    """Every ``@accelerated`` step of grace.steps and of the compressors, by kernel."""
-    modules = [steps] + [importlib.import_module(f"grace.compressors.{m.name}")
+    """Every ``@accelerated`` step of grace.steps, grace.selection and the compressors, by kernel."""
+    modules = [steps, selection] + [importlib.import_module(f"grace.compressors.{m.name}")
                          for m in pkgutil.iter_modules(grace.compressors.__path__)]
     found = {}
     for module in modules:
@@ -132,8 +132,8 @@ def test_a_step_runs_its_composite_code_where_the_policy_says_no():
 def test_a_pipeline_hands_its_own_store_to_every_part():
     pipeline = grace.build("dgc")
     assert pipeline.state_store is not DEFAULT
-    for part in (pipeline.compressor, pipeline.memory, pipeline._dense_memory, pipeline._row_residual,
-                 pipeline._row_velocity):
+    for part in (pipeline.compressor, pipeline.memory, pipeline.takeover.dense_memory,
+                 pipeline._row_residual, pipeline.takeover.row_velocity):
         assert part.state_store is pipeline.state_store
     assert grace.build("dgc").state_store is not pipeline.state_store
 

@@ -67,9 +67,9 @@ def test_combine_is_the_scaled_sum_of_the_decompressed_payloads(name, backend):
     compressor, ops, sent = payloads(name, backend)
     ctx = sent[0][1]
     if compressor.summable:  # allreduce sums the payloads first; combine sees the sum alone
-        from grace.pipeline import _sum_payloads
+        from grace.rounds import sum_payloads
 
-        workers = [_sum_payloads([p for p, _ in sent], ops)]
+        workers = [sum_payloads([p for p, _ in sent], ops)]
         sent = [(workers[0], ctx)]
     else:
         workers = [p for p, _ in sent]

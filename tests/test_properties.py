@@ -69,7 +69,7 @@ def bound_holds(name, pipeline, x, out):
     if name == "efsignsgd":  # per bucket, the mean magnitude with each element's sign
         return all(np.allclose(np.abs(out[b]), np.abs(x[b]).mean(), rtol=1e-5) for b in buckets_of(c, x))
     if name == "qsgd":  # within one level of its bucket's norm
-        b = c.buckets(x.size)
+        b = c.blocks(x.size)
         rows = np.concatenate([x, np.zeros(b.pad)]).reshape(b.count, b.size)
         norms = np.repeat(np.linalg.norm(rows, axis=1), b.size)[:x.size]
         return np.all(np.abs(out - x) <= norms / c.levels * (1 + 1e-5) + 1e-30)

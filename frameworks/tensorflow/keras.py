@@ -16,6 +16,8 @@ import tensorflow as tf
 
 from frameworks import internals
 from frameworks.process_set import announce, say_once
+from frameworks.tensorflow.broadcast import broadcast_model_and_optimizer
+from frameworks.tensorflow.broadcast import broadcast_variables as broadcast_variables  # its old path
 from frameworks.tensorflow.keras3 import learning_rate_of, variable_list
 from frameworks.tensorflow.momentum import take_keras_adam_moments, take_keras_momentum
 from frameworks.tensorflow.ops import TensorFlowOps
@@ -152,27 +154,6 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
 def is_grace_optimizer(optimizer) -> bool:
     inner = getattr(optimizer, "inner_optimizer", None)  # LossScaleOptimizer
     return hasattr(optimizer, "_grace_reduce") or (inner is not None and hasattr(inner, "_grace_reduce"))
-
-
-def broadcast_variables(variables, root_rank: int = 0, process_set=hvd.global_process_set,
-                        name: str = "grace.broadcast") -> None:
-    """Give every worker ``root_rank``'s values of ``variables`` (Keras 3 or tf variables), in
-    place. Every worker must call it with the same variables in the same order."""
-    for i, variable in enumerate(variables):
-        value = hvd.broadcast(tf.convert_to_tensor(variable), root_rank, name=f"{name}.{i}",
-                              ignore_name_scope=True, process_set=process_set)
-        variable.assign(value)
-
-
-def broadcast_model_and_optimizer(model, root_rank: int, process_set, broadcast) -> None:
-    """Give every worker ``root_rank``'s values of ``model``'s variables for which ``broadcast``
-    is true, and of its optimizer's (Keras's own ``Optimizer.variables``: Horovod's Keras wrapper
-    overrides it with a method that fails): grace's callback and Horovod's, mended."""
-    broadcast_variables([v for v in model.variables if broadcast(v)], root_rank, process_set,
-                        "grace.model")
-    if model.optimizer is not None:
-        broadcast_variables(keras.optimizers.Optimizer.variables.fget(model.optimizer), root_rank,
-                            process_set, "grace.optimizer")
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):

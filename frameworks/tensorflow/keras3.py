@@ -40,6 +40,7 @@ import tensorflow as tf
 
 from frameworks import internals
 from frameworks.process_set import say_once
+from frameworks.tensorflow.broadcast import broadcast_model_and_optimizer
 
 MEND_ENV = "GRACE_MEND_HOROVOD"
 
@@ -192,7 +193,7 @@ def _mend_methods() -> None:
     """Mend, once, the methods of Horovod's Keras callbacks that fail on Keras 3, on the classes
     themselves, so that a user's subclass still overrides them; each runs Horovod's own where
     ``GRACE_MEND_HOROVOD=0``. The broadcast is grace's own callback's
-    (``frameworks.tensorflow.keras.broadcast_model_and_optimizer``); the schedules read and set
+    (``frameworks.tensorflow.broadcast.broadcast_model_and_optimizer``); the schedules read and set
     ``optimizer.learning_rate``. Keras 3 compiles SGD's momentum into the traced step as a
     constant, so the schedules' momentum correction cannot be applied: said once on rank 0."""
     if _MENDED_METHODS:
@@ -212,8 +213,6 @@ def _mend_methods() -> None:
 
     def on_batch_end(self, batch: int, logs: dict | None = None) -> None:
         """After the first batch, rank ``root_rank``'s model and optimizer variables for all."""
-        from frameworks.tensorflow.keras import broadcast_model_and_optimizer
-
         if self.broadcast_done:
             return
         local = internals.horovod_attribute(self, "_local_vars")

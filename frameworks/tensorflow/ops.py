@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from frameworks.tensorflow.rows import HostRows
 from grace import kernels, native
 from grace.ops import THIN_COLUMNS, HostAccess, Ops, host_row_sums, index_dtype, unpack_table
 from grace.rng import draw_indices, draw_uniform
@@ -155,6 +156,9 @@ class TensorFlowOps(Ops):
         if kernels.applies(self, [values], numel=n):
             return _host(lambda i, v: native.scatter_add(n, i, v), [indices, values], tf.float32, [n])
         return tf.math.unsorted_segment_sum(values, indices, n)
+
+    def rows_on_host(self, codec, name, rank):
+        return HostRows(codec, name, rank)
 
     def on_host(self, fn, inputs, dtypes, shapes, pure=False):
         return _host(fn, list(inputs), [tf.as_dtype(d) for d in dtypes], list(shapes), stateful=not pure)

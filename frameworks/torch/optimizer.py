@@ -22,13 +22,12 @@ from frameworks.process_set import (
     compares_at_construction,
     elastic,
     gather_objects,
-    log_once,
     say_once,
 )
 from frameworks.torch.collectives import HorovodCollectives
+from frameworks.torch.momentum import OptimizerTakeover, momentum_aside_class
 from frameworks.torch.ops import TorchOps
 from grace import agreement
-from grace.momentum import OptimizerMomentum
 from grace.pipeline import Pipeline
 from grace.sparse import Rows
 
@@ -61,11 +60,8 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._groups = groups
-        self._momentum_taken: str | None = None  # "sgd" or "adam" once taken over (after the check)
-        self._steps_itself: set = set()  # parameters whose update the compression gives (Adam's taken)
-        self._group_of: dict = {}  # parameter -> its param group, as the groups are this step
-        self._updates_given: dict = {}  # parameter -> its update and version, as synchronize() left them
-        self._warned_updates_changed = False
+        # What the optimizer handed the compression (taken after the agreement check).
+        self._takeover = OptimizerTakeover(self, compression)
         self._handed: list = []  # (parameter, its p.grad when its bucket started, its version then)
         self._warned_written = False
         self._rate_checked = False
@@ -151,8 +147,8 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
             grad = grad.to_sparse() if sparse else grad.to_dense()
         if self.op == hvd.Average and self.gradient_predivide_factor != 1.0:
             grad = grad / self.gradient_predivide_factor
-        if p in self._steps_itself and not sparse:
-            grad = _adam_gradient(self, p, grad)
+        if not sparse:
+            grad = self._takeover.gradient(p, grad)
         if sparse:  # as backward made it, a row per lookup: the pipeline adds up repeats
             return Rows(grad._indices()[0], grad._values(), tuple(grad.shape))
         return grad
@@ -184,18 +180,9 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
             return False
         return bool(self._sparse) or all(p.grad is not None and not p.grad.is_sparse for p in bucket)
 
-    def _retake_momentum(self) -> None:
-        """The momentum taken over, as the optimizer's settings say now (rank 0's after
-        hvd.broadcast_optimizer_state, the saved ones after load_state_dict, a scheduler's)."""
-        if self._momentum_taken is not None:
-            self._pipeline.retake_momentum(_optimizer_momentum(self)[0])
-        if self._steps_itself:
-            self._pipeline.take_adam_moments(*_adam_settings(self))
-            self._group_of = {p: group for group in self.param_groups for p in group["params"]}
-
     def _start_bucket(self, index: int) -> None:
         if not self._started:  # the step's first bucket: the momentum as the settings say now
-            self._retake_momentum()
+            self._takeover.retake()
         bucket = self._buckets[index]
         grads = [self._gradient(p) for p in bucket]
         names = [self._parameter_names[p] for p in bucket]
@@ -287,10 +274,7 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
                     p.grad = result.to(p.dtype).to_sparse()  # optimizer (SparseAdam needs it)
                 else:
                     p.grad.set_(result.to(p.grad.dtype))
-        # The updates as the exchange gave them, to tell in step() whether the script changed
-        # them in between (clipping, a loss scaler's unscale_: meant for gradients).
-        self._updates_given = {p: (p.grad, p.grad._version) for p in self._steps_itself
-                               if p.grad is not None and not p.grad.is_sparse}
+        self._takeover.remember_updates()
         self._reset_step()
         if self._vote_every_step:
             self._sparse = {}
@@ -317,34 +301,12 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         if not self._rate_checked:  # the first step's rate, against what the compressor needs
             self._rate_checked = True
-            momentum = 0.0 if self._momentum_taken else max(
+            momentum = 0.0 if self._takeover.taken else max(
                 (float(g.get("momentum", 0.0)) for g in self.param_groups), default=0.0)
             say_once(self._pipeline.compressor.learning_rate_notice(
                 max(float(g["lr"]) for g in self.param_groups), momentum), self.process_set)
-        if not self._steps_itself:
-            return super(self.__class__, self).step(closure)
-        # Adam's moments taken over: the compression gave these parameters their update; the
-        # optimizer steps the others (it skips a parameter without a gradient).
-        updates = {p: p.grad for p in self._steps_itself
-                   if p.grad is not None and not p.grad.is_sparse}
-        if not self._warned_updates_changed and any(
-                self._updates_given.get(p) != (u, u._version) for p, u in updates.items()):
-            self._warned_updates_changed = True  # once per wrapper, on every worker, as Horovod warns
-            warnings.warn("grace: the gradients of the tensors random-k compresses were changed "
-                          "between synchronize() and step() (clipped, unscaled or replaced), but "
-                          "with Adam's moments taken over they hold their updates, burst / "
-                          "(sqrt(v) + eps), not gradients: for a script that does this, build the "
-                          "compression with take_adam_moments=False (docs/quality.md, 'With Adam')",
-                          stacklevel=2)
-        for p in updates:
-            p.grad = None
-        try:
-            loss = super(self.__class__, self).step(closure)
-        finally:
-            for p, update in updates.items():
-                p.grad = update
-        _step_updates(self, updates)
-        return loss
+        # Adam's moments taken over: the compression gave some parameters their update.
+        return self._takeover.step(closure, super(self.__class__, self).step)
 
     def zero_grad(self, *args, **kwargs):
         if self._touched:
@@ -356,132 +318,6 @@ class _GraceDistributedOptimizer(torch.optim.Optimizer):
     def compression_stats(self) -> dict:
         """This worker's ``stats()`` of the pipeline: bytes sent against dense bytes."""
         return self._pipeline.stats()
-
-
-def _one_value(optimizer, key: str):
-    """A param-group setting that must be the same in every group for grace to take it over."""
-    values = {repr(group[key]) for group in optimizer.param_groups}
-    if len(values) > 1:
-        raise ValueError(f"{type(optimizer).__name__}'s {key} differs between param groups "
-                         f"({', '.join(sorted(values))}); the compression applies one momentum to "
-                         f"every tensor: use one value")
-    return optimizer.param_groups[0][key]
-
-
-def _optimizer_momentum(optimizer) -> tuple[OptimizerMomentum, bool] | None:
-    """The momentum ``torch.optim.SGD`` (or Adam's ``betas[0]``) would apply, as its settings say
-    now, and whether it is Adam's."""
-    if isinstance(optimizer, torch.optim.SGD):
-        return OptimizerMomentum(float(_one_value(optimizer, "momentum")),
-                                 bool(_one_value(optimizer, "nesterov")),
-                                 float(_one_value(optimizer, "dampening")),
-                                 "torch.optim.SGD's momentum"), False
-    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-        beta1 = float(_one_value(optimizer, "betas")[0])
-        return OptimizerMomentum(beta1, dampening=beta1,
-                                 source=f"torch.optim.{type(optimizer).__name__}'s betas[0]"), True
-    return None
-
-
-def _adam_settings(optimizer) -> tuple[float, float]:
-    """Adam's ``betas[1]`` and ``eps``, one value each for every param group."""
-    return float(_one_value(optimizer, "betas")[1]), float(_one_value(optimizer, "eps"))
-
-
-def _take_adam_moments(optimizer, compression: Pipeline, process_set) -> set:
-    """Where the compression takes Adam's moments over (``Pipeline.take_adam_moments``:
-    random-k), the parameters whose update it gives, stepped by the wrapper; else none. AMSGrad
-    keeps its own moments (its running maximum is Adam's to keep)."""
-    if not isinstance(optimizer, torch.optim.Adam) or any(
-            group.get("amsgrad", False) for group in optimizer.param_groups):
-        return set()
-    line = compression.take_adam_moments(*_adam_settings(optimizer),
-                                         averaged=optimizer.op == hvd.Average
-                                         and optimizer.gradient_predivide_factor == 1.0)
-    log_once(line, process_set)
-    return {p for p in getattr(optimizer, "_requires_update", ())
-            if compression.steps_itself(tuple(p.shape), _OPS.dtype(p), _OPS)}
-
-
-def _adam_gradient(optimizer, p, grad):
-    """What Adam would take for ``p``'s moments: the gradient negated with ``maximize``, and with
-    Adam's own (not decoupled) weight decay added, as ``torch.optim.Adam`` adds it."""
-    group = optimizer._group_of[p]
-    if group.get("maximize", False):
-        grad = -grad
-    decay = group.get("weight_decay", 0.0)
-    if decay and not group.get("decoupled_weight_decay", False):
-        grad = grad + decay * p.detach()
-    return grad
-
-
-def _step_updates(optimizer, updates: dict) -> None:
-    """Step each parameter by its update from the compression, times its group's learning rate,
-    after AdamW's decoupled weight decay (``p -= lr * weight_decay * p``), as Adam steps."""
-    with torch.no_grad():
-        for p, update in updates.items():
-            group = optimizer._group_of[p]
-            lr, decay = group["lr"], group.get("weight_decay", 0.0)
-            if decay and group.get("decoupled_weight_decay", False):
-                p.mul_(1.0 - lr * decay)
-            p.sub_(update * lr)
-
-
-def _take_momentum(optimizer, compression: Pipeline, process_set) -> str | None:
-    """Hand ``torch.optim.SGD``'s momentum (or Adam's ``betas[0]``) to a compressor that applies the
-    momentum itself (see ``grace.momentum``); the wrapper then steps the optimizer with its momentum
-    set aside. Returns which setting was taken ("sgd", "adam"), or ``None``."""
-    momentum = _optimizer_momentum(optimizer)
-    if momentum is None:
-        return None
-    found, adam = momentum
-    if adam:
-        optimizer._steps_itself = _take_adam_moments(optimizer, compression, process_set)
-        log_once(compression.adam_caution(f"torch.optim.{type(optimizer).__name__}"), process_set)
-    line = compression.take_momentum(found, adam=adam)
-    log_once(line, process_set)
-    return None if line is None else "adam" if adam else "sgd"
-
-
-@contextmanager
-def _momentum_set_aside(optimizer, taken: str | None):
-    """The optimizer's momentum at 0 for its step (the compression applied it), and its settings as
-    they were afterwards: what a user, ``state_dict`` or ``hvd.broadcast_optimizer_state`` reads is
-    what the user set. SGD keeps a (zero, unused) momentum buffer per parameter as it would with
-    its momentum: hvd.broadcast_optimizer_state takes an optimizer without state for a fresh one
-    and then broadcasts no settings."""
-    if taken is None:
-        yield
-        return
-    keys = ("betas",) if taken == "adam" else ("momentum", "nesterov", "dampening")
-    kept = [{key: group[key] for key in keys} for group in optimizer.param_groups]
-    for group in optimizer.param_groups:
-        if taken == "adam":
-            group["betas"] = (0.0, group["betas"][1])
-        else:
-            group["momentum"], group["nesterov"], group["dampening"] = 0.0, False, 0.0
-    try:
-        yield
-    finally:
-        for group, settings in zip(optimizer.param_groups, kept):
-            group.update(settings)
-    if taken == "sgd":
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None and "momentum_buffer" not in optimizer.state[p]:
-                    optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p)
-
-
-def _momentum_aside_class(optimizer_class: type) -> type:
-    """``optimizer_class`` whose ``step`` sets the momentum aside where the compression took it
-    over: between the wrapper and the user's class, so that every way to the optimizer's own step
-    passes there, hvd.broadcast_optimizer_state's state-initialising one included."""
-    def step(self, *args, **kwargs):
-        with _momentum_set_aside(self, getattr(self, "_momentum_taken", None)):
-            return super(aside, self).step(*args, **kwargs)
-
-    aside = type(optimizer_class.__name__, (optimizer_class,), {"step": step})
-    return aside
 
 
 def _parameter_names(param_groups, named_parameters) -> dict:
@@ -575,7 +411,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         if groups is None:
             groups = num_groups
     _check_groups(groups)
-    cls = type(optimizer.__class__.__name__, (_momentum_aside_class(optimizer.__class__),),
+    cls = type(optimizer.__class__.__name__, (momentum_aside_class(optimizer.__class__),),
                dict(_GraceDistributedOptimizer.__dict__))
     # hvd.broadcast_optimizer_state must treat it as Horovod's (it steps without communicating).
     internals.treated_as_horovods_optimizer(cls)
@@ -583,6 +419,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                   op, gradient_predivide_factor, groups, sparse_as_dense, process_set)
     # After the agreement check (which the constructor makes): the workers' optimizers may differ
     # in momentum until hvd.broadcast_optimizer_state gives them rank 0's, as in Horovod.
-    wrapped._momentum_taken = _take_momentum(wrapped, compression, process_set)
+    wrapped._takeover.take(getattr(wrapped, "_requires_update", ()),
+                           op == hvd.Average and gradient_predivide_factor == 1.0, process_set)
     announce(compression, process_set)  # the heap, and what else grace changes (said on rank 0)
     return wrapped

@@ -12,6 +12,7 @@ class Allreduce(Communicator):
     random-k with a shared seed)."""
 
     name = "allreduce"
+    sums = True
 
     def bind(self, compressor, memory=None):
         if not compressor.summable:

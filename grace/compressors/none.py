@@ -10,6 +10,7 @@ class NoneCompressor(Compressor):
     name = "none"
     summable = True
     elementwise = True
+    passes_through = True
 
     def encode(self, flat, name, ctx, ops):
         return [flat]

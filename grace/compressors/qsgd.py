@@ -6,21 +6,21 @@ from functools import lru_cache
 import numpy as np
 
 from grace import steps
-from grace.buckets import DEFAULT_BUCKET_SIZE, Buckets
+from grace.blocks import DEFAULT_BLOCK_SIZE, Blocks
 from grace.compressor import TINY, Compressor, Seeded, Tabled, compute_dtype, numel_of
 from grace.validation import check_int
 
 
 class QSGD(Seeded, Tabled, Compressor):
-    """QSGD with ``levels`` = s, in buckets of ``bucket_size`` consecutive elements: each element is
+    """QSGD with ``levels`` = s, in blocks of ``bucket_size`` consecutive elements: each element is
     sent as its sign and a level in 0..s, chosen by stochastic rounding of ``s * |x| / ||b||_2``
-    (rounded up with probability equal to the fraction), where ``b`` is the element's bucket, plus
-    each bucket's norm. The estimate ``||b|| * sign * level / s`` is unbiased, with a variance of at
-    most ``min(d / s², √d / s) ||x||²`` for buckets of d elements. A code takes
+    (rounded up with probability equal to the fraction), where ``b`` is the element's block, plus
+    each block's norm. The estimate ``||b|| * sign * level / s`` is unbiased, with a variance of at
+    most ``min(d / s², √d / s) ||x||²`` for blocks of d elements. A code takes
     ``1 + ceil(log2(s + 1))`` bits (2 for s = 1), packed; a norm, one value of the gradient's dtype
-    per bucket. ``bucket_size=0`` uses one bucket per tensor. One norm for a whole 400,000-element
+    per block. ``bucket_size=0`` uses one block per tensor. One norm for a whole 400,000-element
     layer makes the estimate ~30x noisier than one per 512 elements (measured: mnist's MLP loses 10
-    points of accuracy with one norm per tensor, under 1 with buckets). Alistarh et al., "QSGD:
+    points of accuracy with one norm per tensor, under 1 with blocks). Alistarh et al., "QSGD:
     Communication-Efficient SGD via Gradient Quantization and Encoding", NeurIPS 2017 (buckets of
     512 in its experiments)."""
 
@@ -28,7 +28,7 @@ class QSGD(Seeded, Tabled, Compressor):
     layout_sensitive = True  # blocks of consecutive elements
     default_communicator = "allgather"
 
-    def __init__(self, levels: int = 7, bucket_size: int = DEFAULT_BUCKET_SIZE, seed: int = 0):
+    def __init__(self, levels: int = 7, bucket_size: int = DEFAULT_BLOCK_SIZE, seed: int = 0):
         self.levels = check_int("levels", levels, minimum=1)
         self.bucket_size = check_int("bucket_size", bucket_size, minimum=0)
         self._init_seed(seed)
@@ -37,34 +37,34 @@ class QSGD(Seeded, Tabled, Compressor):
     def params(self):
         return {"levels": self.levels, "bucket_size": self.bucket_size, "seed": self.seed}
 
-    def buckets(self, numel: int) -> Buckets:
-        return Buckets.of(numel, self.bucket_size)
+    def blocks(self, numel: int) -> Blocks:
+        return Blocks.of(numel, self.bucket_size)
 
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
-        buckets = self.buckets(ctx.numel)
+        blocks = self.blocks(ctx.numel)
         # A norm beyond the dtype's range (values near its maximum) is clamped, which keeps the
         # output finite at the price of bias for such tensors only.
         largest = float(np.finfo(ctx.dtype if ctx.dtype != "bfloat16" else "float32").max)
-        squares = buckets.sums(x, ops)[3]
+        squares = steps.block_parts(blocks, x, ops)[3]
         norms = ops.minimum(ops.cast(ops.sqrt(squares), ops.dtype(x)), largest)
         codes = steps.quantize_levels(
-            ops, x, ops.maximum(norms, TINY), levels=self.levels, bits=self.bits, block=buckets.size,
+            ops, x, ops.maximum(norms, TINY), levels=self.levels, bits=self.bits, block=blocks.size,
             seed=(self._seed_of(name, ctx, shared=False), self.next_step(name, ops)))
         return [ops.cast(norms, ctx.dtype), codes]
 
     def tables(self, payload, ctx, ops):
         norms, packed = payload
         dtype = compute_dtype(ctx.dtype)
-        buckets = self.buckets(ctx.numel)
-        # Each bucket's 2^bits values, ±q * norm / s: the elements are decoded through them.
-        units = buckets.column(ops.scale(ops.cast(norms, dtype), 1.0 / self.levels), ops)
+        blocks = self.blocks(ctx.numel)
+        # Each block's 2^bits values, ±q * norm / s: the elements are decoded through them.
+        units = blocks.column(ops.scale(ops.cast(norms, dtype), 1.0 / self.levels), ops)
         signed = ops.reshape(ops.constant(_signed_levels(self.bits), dtype, like=packed), (1, -1))
-        return packed, self.bits, ops.cast(ops.mul(units, signed), ctx.dtype), buckets.size
+        return packed, self.bits, ops.cast(ops.mul(units, signed), ctx.dtype), blocks.size
 
     def payload_nbytes(self, shape, itemsize):
         numel = numel_of(shape)
-        return self.buckets(numel).count * itemsize + math.ceil(numel * self.bits / 8)
+        return self.blocks(numel).count * itemsize + math.ceil(numel * self.bits / 8)
 
 
 def level_values(bits: int, unit, ctx, ops, like):

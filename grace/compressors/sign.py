@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from grace import steps
-from grace.buckets import DEFAULT_BUCKET_SIZE, Buckets
+from grace.blocks import DEFAULT_BLOCK_SIZE, Blocks
 from grace.compressor import Compressor, Tabled, compute_dtype, numel_of
 from grace.compressors.passes import Passes
 from grace.momentum import OwnsMomentum
@@ -43,7 +43,7 @@ by before the wrapper says so: 3e-4 already leaves signSGD 3-4 points short (``L
 OWNER_BITS = 2
 """Through the shards' owners (``communicator="alltoall"``), how many passes of 1-bit SGD an
 owner sends its shard's sum in unless ``owner_bits`` is set: the first encodes the sum, the second
-what the first left (``Passes``), 2 bits and 4 means per bucket. Gathering applies the mean of the
+what the first left (``Passes``), 2 bits and 4 means per block. Gathering applies the mean of the
 workers' n one-bit encodings; owners rounding the sum to one bit again ended 0.55 point below it
 on mnist at 4 workers (6 real seeds; 0.51 over the last 3 epochs), two passes 0.19 (0.11), and an
 owner sending the sum exactly matched it. The second stage doubles: a worker moves ``3 (n-1)/n``
@@ -161,8 +161,8 @@ class Signum(OwnsMomentum, SignSGD):
 
 
 class EFSignSGD(Tabled, Compressor):
-    """Scaled sign for error-feedback signSGD, in buckets of ``bucket_size`` elements: send
-    ``sign(p)`` (1 bit each) and, per bucket ``b``, the scale ``||p_b||_1 / |b|``, so the estimate
+    """Scaled sign for error-feedback signSGD, in blocks of ``bucket_size`` elements: send
+    ``sign(p)`` (1 bit each) and, per block ``b``, the scale ``||p_b||_1 / |b|``, so the estimate
     is ``(||p_b||_1 / |b|) sign(p)``; its default ``efsignsgd`` memory feeds back the error ``p -
     estimate``, on the velocity where the optimizer has momentum (taken over). One scale per 512
     elements (1/16 bit each) follows the gradient's magnitude across a layer, which one scale per
@@ -175,7 +175,7 @@ class EFSignSGD(Tabled, Compressor):
     default_memory = "efsignsgd"
     default_communicator = "allgather"
 
-    def __init__(self, bucket_size: int = DEFAULT_BUCKET_SIZE):
+    def __init__(self, bucket_size: int = DEFAULT_BLOCK_SIZE):
         self.bucket_size = check_int("bucket_size", bucket_size, minimum=0)
 
     def params(self):
@@ -183,29 +183,29 @@ class EFSignSGD(Tabled, Compressor):
 
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
-        buckets = Buckets.of(ctx.numel, self.bucket_size)
-        _, positive, negative, _ = buckets.sums(x, ops)
-        lengths = buckets.lengths("float64", ops, like=positive)
-        scales = ops.div(ops.sub(positive, negative), lengths)  # the mean magnitude per bucket
+        blocks = Blocks.of(ctx.numel, self.bucket_size)
+        _, positive, negative, _ = steps.block_parts(blocks, x, ops)
+        lengths = blocks.lengths("float64", ops, like=positive)
+        scales = ops.div(ops.sub(positive, negative), lengths)  # the mean magnitude per block
         return [ops.cast(scales, ctx.dtype), steps.sign_bits(ops, x)]
 
     def tables(self, payload, ctx, ops):
         scales, packed = payload
-        buckets = Buckets.of(ctx.numel, self.bucket_size)
-        # Each bucket's two values, -scale and +scale, for the bits 0 (x < 0) and 1.
+        blocks = Blocks.of(ctx.numel, self.bucket_size)
+        # Each block's two values, -scale and +scale, for the bits 0 (x < 0) and 1.
         signs = ops.reshape(ops.constant([-1.0, 1.0], ctx.dtype, like=packed), (1, 2))
-        return packed, 1, ops.mul(buckets.column(scales, ops), signs), buckets.size
+        return packed, 1, ops.mul(blocks.column(scales, ops), signs), blocks.size
 
     def payload_nbytes(self, shape, itemsize):
-        return Buckets.of(numel_of(shape), self.bucket_size).count * itemsize + _bits_nbytes(shape)
+        return Blocks.of(numel_of(shape), self.bucket_size).count * itemsize + _bits_nbytes(shape)
 
 
 class OneBit(Tabled, Compressor):
-    """1-bit SGD, in buckets of ``bucket_size`` elements: each element is sent as one bit, whether
-    it is >= 0, and the receiver replaces it by the mean of its bucket's non-negative or negative
-    elements (both sent, per bucket); error feedback keeps the quantization error, on the velocity
+    """1-bit SGD, in blocks of ``bucket_size`` elements: each element is sent as one bit, whether
+    it is >= 0, and the receiver replaces it by the mean of its block's non-negative or negative
+    elements (both sent, per block); error feedback keeps the quantization error, on the velocity
     where the optimizer has momentum (its default ``momentum`` memory takes it over). The paper
-    quantizes per column of each matrix; buckets of 512 do the same for any shape, at 1/8 bit per
+    quantizes per column of each matrix; blocks of 512 do the same for any shape, at 1/8 bit per
     element, where two means for a whole layer lose 1-2.5 points of accuracy on mnist's MLP
     (``bucket_size=0``). Through the shards' owners an owner sends its shard's sum in
     ``owner_bits`` passes (``OWNER_BITS``). Seide et al., "1-Bit Stochastic Gradient Descent and
@@ -218,7 +218,7 @@ class OneBit(Tabled, Compressor):
 
     owner_bits: int | None = None
 
-    def __init__(self, bucket_size: int = DEFAULT_BUCKET_SIZE, owner_bits: int | None = None):
+    def __init__(self, bucket_size: int = DEFAULT_BLOCK_SIZE, owner_bits: int | None = None):
         self.bucket_size = check_int("bucket_size", bucket_size, minimum=0)
         self.owner_bits = None if owner_bits is None else check_int("owner_bits", owner_bits, minimum=1)
 
@@ -235,21 +235,21 @@ class OneBit(Tabled, Compressor):
 
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
-        buckets = Buckets.of(ctx.numel, self.bucket_size)
-        count, positive, negative, _ = buckets.sums(x, ops)
-        rest = ops.sub(buckets.lengths("float64", ops, like=count), count)
+        blocks = Blocks.of(ctx.numel, self.bucket_size)
+        count, positive, negative, _ = steps.block_parts(blocks, x, ops)
+        rest = ops.sub(blocks.lengths("float64", ops, like=count), count)
         mean_pos = ops.div(positive, ops.maximum(count, 1.0))
         mean_neg = ops.div(negative, ops.maximum(rest, 1.0))
         return [ops.cast(ops.concat([mean_pos, mean_neg]), ctx.dtype), steps.sign_bits(ops, x)]
 
     def tables(self, payload, ctx, ops):
         means, packed = payload
-        buckets = Buckets.of(ctx.numel, self.bucket_size)
-        mean_pos, mean_neg = ops.split(means, [buckets.count, buckets.count])
-        # Each bucket's two values: its negative mean for the bit 0, its non-negative one for 1.
+        blocks = Blocks.of(ctx.numel, self.bucket_size)
+        mean_pos, mean_neg = ops.split(means, [blocks.count, blocks.count])
+        # Each block's two values: its negative mean for the bit 0, its non-negative one for 1.
         bit = ops.reshape(ops.greater_equal(ops.constant([0.0, 1.0], "float32", like=packed), 0.5), (1, 2))
-        tables = ops.where(bit, buckets.column(mean_pos, ops), buckets.column(mean_neg, ops))
-        return packed, 1, tables, buckets.size
+        tables = ops.where(bit, blocks.column(mean_pos, ops), blocks.column(mean_neg, ops))
+        return packed, 1, tables, blocks.size
 
     def payload_nbytes(self, shape, itemsize):
-        return 2 * Buckets.of(numel_of(shape), self.bucket_size).count * itemsize + _bits_nbytes(shape)
+        return 2 * Blocks.of(numel_of(shape), self.bucket_size).count * itemsize + _bits_nbytes(shape)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from grace.buckets import DEFAULT_BUCKET_SIZE, Buckets
+from grace.blocks import DEFAULT_BLOCK_SIZE, Blocks
 from grace.compressor import Compressor, Tabled, compute_dtype, numel_of
 from grace.validation import check_bool, check_int, check_positive
 
@@ -23,12 +23,12 @@ class TwoBit(Tabled, Compressor):
     velocity: the wrapped optimizer's momentum is taken over (the ``momentum`` memory), since the
     optimizer's momentum acting on error feedback's delayed updates cost 6.7 points on mnist at the
     default threshold (docs/quality.md, "Two-bit quantization"). By default ``threshold`` is a
-    multiple of the root mean square of each bucket of ``bucket_size`` (512) consecutive elements
-    of the compensated tensor (``relative=True``; each bucket's ``t`` is sent, 1/16 of a bit an
+    multiple of the root mean square of each block of ``bucket_size`` (512) consecutive elements
+    of the compensated tensor (``relative=True``; each block's ``t`` is sent, 1/16 of a bit an
     element), so that one setting fits gradients of any size and follows their scale across a
     layer, as 1-bit SGD's per-column means do; ``bucket_size=0`` takes one ``t`` for the whole
     tensor, which misses uncompressed accuracy on mnist by 1.1 points over three seeds where
-    buckets of 512 stay within 0.5. ``relative=False`` takes ``threshold`` as MXNet does, an
+    blocks of 512 stay within 0.5. ``relative=False`` takes ``threshold`` as MXNet does, an
     absolute value for every element (MXNet's default is 0.5), under which small gradients send
     nothing for many steps and then leave in bursts. The defaults are measured (docs/quality.md,
     "Two-bit quantization"). Strom, "Scalable Distributed DNN Training Using Commodity GPU Cloud
@@ -46,65 +46,65 @@ class TwoBit(Tabled, Compressor):
         self.threshold = check_positive("threshold", threshold)
         self.relative = check_bool("relative", relative)
         if bucket_size is None:  # an absolute threshold is one t for every element
-            bucket_size = DEFAULT_BUCKET_SIZE if self.relative else 0
+            bucket_size = DEFAULT_BLOCK_SIZE if self.relative else 0
         self.bucket_size = check_int("bucket_size", bucket_size, minimum=0)
         if self.bucket_size and not self.relative:
             raise ValueError(f"bucket_size={self.bucket_size} needs relative=True: an absolute threshold "
                              "is one t for every element; leave bucket_size out with relative=False")
-        self.layout_sensitive = self.bucket_size > 0  # buckets of consecutive elements: their order counts
+        self.layout_sensitive = self.bucket_size > 0  # blocks of consecutive elements: their order counts
 
     def params(self):
-        # An absolute threshold has no buckets: MXNet's reads (and checkpoints) as it always has.
+        # An absolute threshold has no blocks: MXNet's reads (and checkpoints) as it always has.
         return {"threshold": self.threshold, "relative": self.relative} | (
             {"bucket_size": self.bucket_size} if self.relative else {})
 
-    def buckets(self, numel: int) -> Buckets:
-        """The buckets of a tensor of ``numel`` elements that share one ``t``."""
-        return Buckets.of(numel, self.bucket_size)
+    def blocks(self, numel: int) -> Blocks:
+        """The blocks of a tensor of ``numel`` elements that share one ``t``."""
+        return Blocks.of(numel, self.bucket_size)
 
-    def _thresholds(self, rows, buckets, ctx, ops):
-        """Each bucket's ``t``, as a 1-d tensor of ``rows``' dtype."""
+    def _thresholds(self, rows, blocks, ctx, ops):
+        """Each block's ``t``, as a 1-d tensor of ``rows``' dtype."""
         if not self.relative:
             return ops.constant([self.threshold], ops.dtype(rows), like=rows)
-        # threshold / sqrt(length) from Python floats, so that one bucket gives t exactly as
+        # threshold / sqrt(length) from Python floats, so that one block gives t exactly as
         # threshold x the tensor's root mean square in float32 (tests/reference.py); a ragged last
-        # bucket's over its own elements. No per-bucket constant: it would be made every step.
+        # block's over its own elements. No per-block constant: it would be made every step.
         norms = ops.row_norms(rows)
-        last = ctx.numel - (buckets.count - 1) * buckets.size
-        if last == buckets.size or buckets.count == 1:
+        last = ctx.numel - (blocks.count - 1) * blocks.size
+        if last == blocks.size or blocks.count == 1:
             return ops.scale(norms, self.threshold / math.sqrt(max(last, 1)))
-        head, tail = ops.split(norms, [buckets.count - 1, 1])
-        return ops.concat([ops.scale(head, self.threshold / math.sqrt(buckets.size)),
+        head, tail = ops.split(norms, [blocks.count - 1, 1])
+        return ops.concat([ops.scale(head, self.threshold / math.sqrt(blocks.size)),
                            ops.scale(tail, self.threshold / math.sqrt(last))])
 
     def encode(self, flat, name, ctx, ops):
-        buckets = self.buckets(ctx.numel)
-        rows = buckets.rows(ops.cast(flat, compute_dtype(ctx.dtype)), ops)
-        t = self._thresholds(rows, buckets, ctx, ops)
-        column = buckets.column(t, ops)  # an absolute threshold's one bucket: one t for every row
+        blocks = self.blocks(ctx.numel)
+        rows = blocks.rows(ops.cast(flat, compute_dtype(ctx.dtype)), ops)
+        t = self._thresholds(rows, blocks, ctx, ops)
+        column = blocks.column(t, ops)  # an absolute threshold's one block: one t for every row
         dtype = ops.dtype(rows)
         up = ops.cast(ops.greater_equal(rows, column), dtype)  # 3 (11) at or above t
-        # 2 (10) at or below -t; below 0 too, so that t = 0 (an all-zero bucket) codes 0 as 11 only.
+        # 2 (10) at or below -t; below 0 too, so that t = 0 (an all-zero block) codes 0 as 11 only.
         # The padding's zeros code 00 (or 11 where t = 0): both decode to 0, and are not sent.
         down = ops.mul(ops.cast(ops.greater_equal(ops.scale(rows, -1.0), column), dtype),
                        ops.cast(ops.less(rows, 0.0), dtype))
-        codes = buckets.flat(ops.add(ops.scale(up, 3.0), ops.scale(down, 2.0)), ops)
+        codes = blocks.flat(ops.add(ops.scale(up, 3.0), ops.scale(down, 2.0)), ops)
         packed = ops.pack_bits(ops.cast(codes, "int32"), 2)
         if ctx.dtype == "float16":  # a t beyond float16's range would decode 0 x inf = NaN
             t = ops.minimum(t, FLOAT16_MAX)
         return [ops.cast(t, ctx.dtype), packed] if self.relative else [packed]
 
     def tables(self, payload, ctx, ops):
-        buckets = self.buckets(ctx.numel)
+        blocks = self.blocks(ctx.numel)
         if self.relative:
             t, packed = payload
         else:
             (packed,) = payload
             t = ops.constant([self.threshold], ctx.dtype, like=packed)
         signs = ops.constant([0.0, 0.0, -1.0, 1.0], ctx.dtype, like=packed)  # codes 00, 01, 10, 11
-        tables = ops.mul(buckets.column(ops.cast(t, ctx.dtype), ops), ops.reshape(signs, (1, 4)))
-        return packed, 2, tables, buckets.size
+        tables = ops.mul(blocks.column(ops.cast(t, ctx.dtype), ops), ops.reshape(signs, (1, 4)))
+        return packed, 2, tables, blocks.size
 
     def payload_nbytes(self, shape, itemsize):
-        thresholds = self.buckets(numel_of(shape)).count if self.relative else 0
+        thresholds = self.blocks(numel_of(shape)).count if self.relative else 0
         return math.ceil(numel_of(shape) * 2 / 8) + thresholds * itemsize

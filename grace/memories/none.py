@@ -8,6 +8,7 @@ class NoneMemory(Memory):
     and for those that lose nothing (none, fp16)."""
 
     name = "none"
+    stateless = True
 
     def compensate(self, tensor, name, ops, overwrite=False):
         return tensor

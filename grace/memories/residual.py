@@ -49,6 +49,7 @@ class DelayedResidualMemory(OwnsMomentum, ResidualMemory):
     SGD)."""
 
     name = "delayed"
+    observes_second_moment = True
     moments = None
     """Adam's second moment (``grace.second_moment.SharedSecondMoment``), when taken over."""
 

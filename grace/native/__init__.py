@@ -32,6 +32,8 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from grace.dtypes import index_dtype
+
 MIN_NUMEL = 1 << 12
 """Adapters use the kernels from this many elements; below it the composite code costs as little."""
 
@@ -437,7 +439,7 @@ def topk_indices(x: np.ndarray, k: int) -> np.ndarray:
     """The ``k`` indices of float32 ``x`` of largest magnitude, ascending, in ``index_dtype``;
     where magnitudes tie at the k-th, the lowest indices (``Ops.topk_indices``)."""
     lib = _require()
-    dtype = np.dtype(_index_dtype(x.size))
+    dtype = np.dtype(index_dtype(x.size))
     if k >= x.size or k <= 0:
         return np.arange(min(max(k, 0), x.size), dtype=dtype)
     out = _empty(k, dtype)
@@ -450,7 +452,7 @@ def choose_indices(n: int, k: int, seed: int) -> np.ndarray:
     """``grace.rng.reference_indices(n, k, seed)``: ``k`` distinct indices of ``[0, n)``, uniform,
     ascending, in ``index_dtype``."""
     lib = _require()
-    dtype = np.dtype(_index_dtype(n))
+    dtype = np.dtype(index_dtype(n))
     out = _empty(k, dtype)
     k0, k1 = split_key(seed)
     complement = k > n - k  # draw the smaller of the set and what it leaves out
@@ -655,15 +657,9 @@ def _whole_codes(dtypes, bits, **params) -> bool:
     return 8 % bits == 0 and dtypes[1] == "float32"
 
 
-def _index_dtype(numel: int) -> str:
-    from grace.ops import index_dtype  # grace.ops imports this module
-
-    return index_dtype(numel)
-
-
 def _top_k_outputs(x, k, **params) -> list:
     """The top-k kernels' output: ``min(k, n)`` indices of ``index_dtype(n)``."""
-    return [(_index_dtype(x[0]), (min(k, x[0]),))]
+    return [(index_dtype(x[0]), (min(k, x[0]),))]
 
 
 KERNELS: dict[str, Kernel] = {

@@ -1,5 +1,5 @@
-"""Buckets: a flat tensor cut into rows of ``size`` consecutive elements (the last one padded with
-zeros), so that a quantizer can keep one scale per bucket instead of one per tensor. QSGD's paper
+"""Blocks: a flat tensor cut into rows of ``size`` consecutive elements (the last one padded with
+zeros), so that a quantizer can keep one scale per block instead of one per tensor. QSGD's paper
 quantizes in buckets of 512 (Alistarh et al., NeurIPS 2017), 1-bit SGD per column (Seide et al.,
 Interspeech 2014), and blockwise scaled signs keep error-feedback signSGD close to SGD (Zheng et al.,
 "Communication-Efficient Distributed Blockwise Momentum SGD with Error-Feedback", NeurIPS 2019): a
@@ -10,21 +10,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_BUCKET_SIZE = 512
+DEFAULT_BLOCK_SIZE = 512
 
 
 @dataclass(frozen=True)
-class Buckets:
-    """The layout of a tensor of ``numel`` elements in buckets of ``size`` (``count`` of them)."""
+class Blocks:
+    """The layout of a tensor of ``numel`` elements in blocks of ``size`` (``count`` of them)."""
 
     numel: int
     count: int
     size: int
 
     @classmethod
-    def of(cls, numel: int, bucket_size: int) -> "Buckets":
-        """``bucket_size=0``, or one at least as large as the tensor: one bucket."""
-        size = numel if bucket_size == 0 or bucket_size >= numel else bucket_size
+    def of(cls, numel: int, block_size: int) -> "Blocks":
+        """``block_size=0``, or one at least as large as the tensor: one block."""
+        size = numel if block_size == 0 or block_size >= numel else block_size
         size = max(size, 1)
         return cls(numel, -(-numel // size), size)
 
@@ -49,13 +49,6 @@ class Buckets:
         last = self.numel - (self.count - 1) * self.size
         return ops.constant([float(self.size)] * (self.count - 1) + [float(last)], dtype, like=like)
 
-    def column(self, per_bucket, ops):
-        """A 1-d tensor of one value per bucket as a column, to scale the rows by broadcasting."""
-        return ops.reshape(per_bucket, (self.count, 1))
-
-    def sums(self, x, ops) -> list:
-        """Per bucket of the 1-d ``x``, in float64: the count of ``x >= 0``, the sum of those, the
-        sum of the others, the sum of squares (``grace.steps.block_sums``), as four 1-d tensors."""
-        from grace import steps  # steps builds on Buckets
-
-        return ops.split(ops.flatten(steps.block_sums(ops, x, block=self.size)), [self.count] * 4)
+    def column(self, per_block, ops):
+        """A 1-d tensor of one value per block as a column, to scale the rows by broadcasting."""
+        return ops.reshape(per_block, (self.count, 1))
