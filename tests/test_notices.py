@@ -162,6 +162,16 @@ def test_a_sign_method_says_when_the_learning_rate_is_far_above_what_it_needs(na
     assert f"use about {LEARNING_RATE:g}" in compressor.learning_rate_notice(None)
 
 
+def test_signsgd_says_at_construction_that_its_shortfall_is_inherent_and_names_what_works():
+    """Its miss on the CNN is the missing error feedback, not a setting (docs/quality.md): said
+    once as it is built, naming efsignsgd; not by signum or EF-signSGD, which meet their targets."""
+    (line,) = grace.signsgd().notices(2)
+    assert "no error feedback" in line and "efsignsgd sends the same bits" in line
+    assert "signSGD on the CNN" in line
+    for name in ("signum", "efsignsgd"):
+        assert not [line for line in grace.build(name).notices(2) if "error feedback" in line]
+
+
 def test_signsgd_needs_a_smaller_rate_under_the_optimizers_momentum_signum_does_not():
     """signSGD's votes pass through SGD's momentum (steady state lr / (1 - m)); signum takes it."""
     assert "use about 1e-05" in grace.signsgd().compressor.learning_rate_notice(1e-4, 0.9)
