@@ -102,15 +102,13 @@ def onebit_with_residual(bucket=512):
     return compress
 
 
-def twobit_with_residual(threshold=1.0, relative=True, bucket_size=None):
-    """Two-bit quantization with error feedback (MXNet's 2bit, Strom 2015): each element of
-    (gradient + residual) becomes +t at or above t, -t at or below -t, else 0; ``t`` is
-    ``threshold``, times the root mean square of the element's bucket of ``bucket_size``
-    consecutive elements (0: the whole tensor; by default 512) of the compensated tensor where
-    ``relative``; the rest is the new residual. In float32, as the compressor quantizes (root mean
-    squares in float64)."""
-    residuals = {}
-    if bucket_size is None:  # the compressor's default: buckets of 512 where the threshold is relative
+def twobit_quantize(threshold=1.0, relative=True, bucket_size=None):
+    """Two-bit quantization of a flat float32 array (MXNet's 2bit, Strom 2015): each element
+    becomes +t at or above t, -t at or below -t, else 0; ``t`` is ``threshold``, times the root mean
+    square of the element's block of ``bucket_size`` consecutive elements (0: the whole array; by
+    default 512) where ``relative``. In float32, as the compressor quantizes (root mean squares in
+    float64)."""
+    if bucket_size is None:  # the compressor's default: blocks of 512 where the threshold is relative
         bucket_size = 512 if relative else 0
 
     def quantize(c):
@@ -120,12 +118,22 @@ def twobit_with_residual(threshold=1.0, relative=True, bucket_size=None):
                            * np.float32(threshold / np.sqrt(c.size)))
         return np.where(c >= t, t, np.where(-c >= t, -t, np.float32(0.0))).astype(np.float32)
 
+    def encode(flat):
+        flat = flat.astype(np.float32)
+        size = flat.size if bucket_size == 0 else bucket_size
+        return np.concatenate([quantize(flat[i:i + size]) for i in range(0, flat.size, size)])
+    return encode
+
+
+def twobit_with_residual(threshold=1.0, relative=True, bucket_size=None):
+    """Two-bit quantization (``twobit_quantize``) with error feedback: the rest of (gradient +
+    residual) is the new residual."""
+    residuals = {}
+    encode = twobit_quantize(threshold, relative, bucket_size)
+
     def compress(name, rank, step, g):
         c = (g + residuals.get((name, rank), 0.0)).astype(np.float32)
-        flat = c.reshape(-1)
-        size = flat.size if bucket_size == 0 else bucket_size
-        sent = np.concatenate([quantize(flat[i:i + size]) for i in range(0, flat.size, size)])
-        sent = sent.reshape(c.shape)
+        sent = encode(c.reshape(-1)).reshape(c.shape)
         residuals[(name, rank)] = c - sent
         return sent
     return compress
@@ -210,13 +218,15 @@ def keep_top(fraction):
     return encode
 
 
-def two_stage(workers, encode, owner_encode):
+def two_stage(workers, encode, owner_encode, residuals_kept=True):
     """``communicator="alltoall"`` from its definition: each worker cuts (gradient + its residual)
     into ``workers`` shards (sizes differing by at most one, the larger first) and encodes each
     (``encode(shard) -> what it decodes to``), its residual the rest; each shard's owner adds up
     the workers' decoded shards and its own residual, encodes that (``owner_encode``), its residual
-    the rest; the owners' shards, joined, are the sum every worker receives. Returns
-    ``exchange(name, step, gradients) -> sum`` for ``simulate``."""
+    the rest; the owners' shards, joined, are the sum every worker receives. Without
+    ``residuals_kept`` (no memory) neither side keeps one. Returns ``exchange(name, step,
+    gradients) -> sum`` for ``simulate``."""
+
     residuals, owners = {}, {}
 
     def exchange(name, step, gradients):
@@ -229,14 +239,16 @@ def two_stage(workers, encode, owner_encode):
         for rank, g in enumerate(gradients):
             c = g.reshape(-1) + residuals.get((name, rank), 0.0)
             sent = np.concatenate([encode(c[s]) for s in shards])
-            residuals[(name, rank)] = c - sent
+            if residuals_kept:
+                residuals[(name, rank)] = c - sent
             for j, s in enumerate(shards):
                 totals[j] = totals[j] + sent[s]
         out = []
         for j, total in enumerate(totals):
             t = total + owners.get((name, j), 0.0)
             sent = owner_encode(t)
-            owners[(name, j)] = t - sent
+            if residuals_kept:
+                owners[(name, j)] = t - sent
             out.append(sent)
         return np.concatenate(out).reshape(shape)
     return exchange
@@ -247,6 +259,39 @@ def two_stage_topk(ratio, workers, owner_ratio=None):
     top ``owner_ratio`` of their shard's sum, twice ``ratio`` unless given (``OWNERS_KEEP``)."""
     owner_ratio = min(1.0, 2 * ratio) if owner_ratio is None else owner_ratio
     return two_stage(workers, keep_top(ratio), keep_top(owner_ratio))
+
+
+def two_stage_twobit(workers, threshold=1.0, bucket_size=512):
+    """Two-bit through the owners: each side quantizes its shard in blocks of ``bucket_size``
+    (the workers their compensated shard, the owners their shard's sum plus their residual)."""
+    quantize = twobit_quantize(threshold, True, bucket_size)
+    return two_stage(workers, quantize, quantize)
+
+
+def keep_at_least(threshold):
+    """Threshold sparsification of a shard: the entries with ``|x| >= threshold``, the rest zero."""
+    return lambda x: np.where(np.abs(x) >= threshold, x, 0.0)
+
+
+def two_stage_threshold(workers, threshold):
+    """Threshold through the owners: both sides keep the entries at or above ``threshold``."""
+    return two_stage(workers, keep_at_least(threshold), keep_at_least(threshold))
+
+
+def to_bfloat16(x):
+    """``x`` rounded to bfloat16 (to nearest, ties to even), as float32: the top 16 bits of each
+    float32, rounded."""
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def two_stage_bf16(workers):
+    """bf16 through the owners (no memory, so no residual on either side): each worker's shards
+    rounded to bfloat16, each owner's sum rounded again (in float32, as its decoded shards add)."""
+    def owner(total):
+        return to_bfloat16(total.astype(np.float32)).astype(np.float64)
+    return two_stage(workers, lambda x: to_bfloat16(x).astype(np.float64), owner, residuals_kept=False)
 
 
 def passes(encode, count):
