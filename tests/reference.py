@@ -278,6 +278,26 @@ def two_stage_threshold(workers, threshold):
     return two_stage(workers, keep_at_least(threshold), keep_at_least(threshold))
 
 
+def scaled_signs(bucket=512):
+    """EF-signSGD's encoding of a flat array: in blocks of ``bucket`` consecutive elements, each
+    element becomes its block's mean magnitude with its own sign (+ at zero), the mean rounded to
+    float32 as it is sent."""
+    def encode(x):
+        sent = np.empty_like(x)
+        for start in range(0, x.size, bucket):
+            part = x[start:start + bucket]
+            scale = np.float32(np.abs(part.astype(np.float32).astype(np.float64)).mean())
+            sent[start:start + bucket] = np.where(part >= 0, scale, -scale)
+        return sent
+    return encode
+
+
+def two_stage_efsignsgd(workers, bucket=512):
+    """EF-signSGD through the owners (error feedback on both sides): each side sends its shard's
+    signs with a mean magnitude per block."""
+    return two_stage(workers, scaled_signs(bucket), scaled_signs(bucket))
+
+
 def to_bfloat16(x):
     """``x`` rounded to bfloat16 (to nearest, ties to even), as float32: the top 16 bits of each
     float32, rounded."""

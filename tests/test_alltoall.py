@@ -97,6 +97,14 @@ def test_twobit_equals_the_two_stage_model(workers):
 
 
 @pytest.mark.parametrize("workers", [3, 4])
+def test_efsignsgd_equals_the_two_stage_model(workers):
+    """EF-signSGD through the owners (error feedback on both sides): signs and a mean magnitude per
+    block of 512 of each shard, at the workers and again at the owners."""
+    pipelines = [grace.efsignsgd(memory="residual", communicator="alltoall") for _ in range(workers)]
+    assert_matches_the_model(pipelines, reference.two_stage_efsignsgd(workers), atol=1e-5)
+
+
+@pytest.mark.parametrize("workers", [3, 4])
 def test_threshold_equals_the_two_stage_model(workers):
     """Threshold through the owners: both sides send the entries at or above the threshold and
     keep the rest (gradients of 0.004 a unit: about 1% pass at first, then what residuals hold)."""
