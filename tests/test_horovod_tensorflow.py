@@ -381,6 +381,8 @@ def test_the_tape_says_once_on_rank_0_that_dgc_applies_its_own_momentum(tf_run):
 
 def test_keras_fit_says_at_the_first_step_that_a_sign_methods_rate_is_far_too_large(tf_run):
     _, infos = load(tf_run, "keras_signsgd_said")
-    (line,) = [line for line in infos[0]["grace_log"] if "signsgd" in line]
+    (line,) = [line for line in infos[0]["grace_log"] if "times what it needs" in line]
     assert "learning rate 0.05 is 500 times what it needs; use about 0.0001" in line
+    # and, as it was built, that its shortfall is its missing error feedback: on rank 0 only
+    assert [line for line in infos[0]["grace_log"] if "no error feedback" in line]
     assert infos[1]["grace_log"] == []
