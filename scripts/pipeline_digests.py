@@ -21,8 +21,9 @@ import argparse
 import hashlib
 import json
 import os
-import subprocess
 import sys
+
+from checkout_sides import assert_imported_from, measure_side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPES = [(64, 300), (300,), (10,), (0,), (128, 64), (7, 7, 3, 3), (2000,)]
@@ -107,33 +108,35 @@ def digest(name: str, setup: str) -> str:
     return h.hexdigest()[:16]
 
 
-def digests(root: str) -> dict[str, str]:
-    """Every compressor's digest in every set-up, through the checkout at ``root`` (which this
-    process imports: its ``PYTHONPATH`` names it)."""
+def digests(root: str, names: list[str] | None = None) -> dict[str, str]:
+    """The digests of ``names`` (default: every compressor) in every set-up, through the checkout
+    at ``root`` (which this process imports: its ``PYTHONPATH`` names it)."""
     import grace
 
-    assert os.path.dirname(os.path.dirname(os.path.abspath(grace.__file__))) == os.path.abspath(root)
-    return {f"{setup} {name}": digest(name, setup) for setup in SETUPS for name in grace.available()}
+    assert_imported_from(root)
+    return {f"{setup} {name}": digest(name, setup) for setup in SETUPS
+            for name in (names or grace.available())}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", help="the checkout before the change")
     parser.add_argument("--after", default=ROOT, help="the checkout after it (default: this one)")
+    parser.add_argument("--compressors", default="",
+                        help="comma-separated names (default: every compressor of the catalogue)")
     parser.add_argument("--measure", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    names = [name for name in args.compressors.split(",") if name]
     if args.measure:
-        print(json.dumps(digests(args.measure)))
+        print(json.dumps(digests(args.measure, names)))
         return 0
     if not args.before:
         parser.error("--before DIR is needed: the checkout to compare with")
     found = {}
     for side in ("before", "after"):
-        root = os.path.abspath(getattr(args, side))
-        result = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure", root],
-                                capture_output=True, text=True, check=True, cwd=root,
-                                env=dict(os.environ, PYTHONPATH=root))
-        found[side] = json.loads(result.stdout.strip().splitlines()[-1])
+        # --compressors only when asked: a checkout from before the option still answers.
+        chosen = ["--compressors", args.compressors] if names else []
+        found[side] = measure_side(__file__, getattr(args, side), *chosen)
     differ = [key for key in found["after"] if found["before"].get(key) != found["after"][key]]
     differ += [key for key in found["before"] if key not in found["after"]]
     refused = sum(1 for value in found["after"].values() if value.startswith("refused"))

@@ -21,9 +21,9 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
+
+from checkout_sides import assert_imported_from, measure_side
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT = "topk,dgc,powersgd,qsgd,none,fp16,randomk,efsignsgd"
@@ -41,7 +41,7 @@ def measure(root: str, names: list[str], steps: int) -> dict[str, float]:
 
     torch.set_num_threads(1)
     ops = grace.ops_for(torch.zeros(1))
-    assert os.path.dirname(os.path.dirname(os.path.abspath(grace.__file__))) == os.path.abspath(root)
+    assert_imported_from(root)
     from workloads import resnet50_shapes  # this script's folder: the shapes do not change
 
     shapes = [tuple(shape) for _, shape in resnet50_shapes()][::-1]  # backward's order
@@ -94,13 +94,8 @@ def main(argv: list[str] | None = None) -> None:
     with tqdm(total=2 * args.repeats, desc="checkouts") as bar:
         for _ in range(args.repeats):
             for side in ("before", "after"):
-                root = os.path.abspath(getattr(args, side))
-                command = [sys.executable, os.path.abspath(__file__), "--measure", root,
-                           "--compressors", args.compressors, "--steps", str(args.steps)]
-                env = dict(os.environ, PYTHONPATH=root)
-                result = subprocess.run(command, capture_output=True, text=True, check=True, cwd=root,
-                                        env=env)
-                runs[side].append(json.loads(result.stdout.strip().splitlines()[-1]))
+                runs[side].append(measure_side(__file__, getattr(args, side), "--compressors",
+                                               args.compressors, "--steps", str(args.steps)))
                 bar.update()
     print(f"ResNet-50's gradients, 2 in-process workers, median of {args.steps} steps, "
           f"{args.repeats} interleaved repeats")

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from launch import ROOT
 
 import grace
@@ -41,3 +42,84 @@ def test_digests_are_the_same_run_after_run_and_differ_between_compressors():
     assert len(set(computed)) == len(computed)
     assert sorted(k for k, v in first.items() if v.startswith("refused")) == [
         "alltoall fp16", "alltoall none", "alltoall powersgd", "alltoall randomk", "bucket powersgd"]
+
+
+def test_a_digest_follows_the_results_and_the_state_values(monkeypatch):
+    """The digest changes when a result or a state tensor changes by one value and nothing else
+    does (its shape, the repr, the stats): a digest of the structure alone would miss the change
+    a restructuring must not make."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import pipeline_digests
+
+    from grace.pipeline import Pipeline
+
+    same = pipeline_digests.digest("topk", "sgd")
+    assert pipeline_digests.digest("topk", "sgd") == same
+    finish, state = Pipeline.finish_step, Pipeline.state_dict
+
+    def nudged_result(self, *args, **kwargs):
+        out = finish(self, *args, **kwargs)
+        out[0][0].view(-1)[0] += 1e-3  # one element of one result
+        return out
+
+    def nudged_state(self):
+        saved = state(self)
+        saved["memory"]["residuals"]["t0"].view(-1)[0] += 1e-3  # one element of a residual's copy
+        return saved
+
+    monkeypatch.setattr(Pipeline, "finish_step", nudged_result)
+    assert pipeline_digests.digest("topk", "sgd") != same
+    monkeypatch.setattr(Pipeline, "finish_step", finish)
+    monkeypatch.setattr(Pipeline, "state_dict", nudged_state)
+    assert pipeline_digests.digest("topk", "sgd") != same
+
+
+def test_two_checkouts_that_differ_in_one_compressor_are_told_apart(tmp_path):
+    """``--before/--after``: a copy of this checkout whose top-k encodes its input scaled by
+    1.0001 differs from it in top-k's eight set-ups and in nothing else, and the script exits 1;
+    the same checkout on both sides differs nowhere and exits 0; a folder that is not a grace
+    checkout is refused."""
+    import shutil
+
+    copy = tmp_path / "mutant"
+    for part in ("grace", "frameworks"):
+        shutil.copytree(os.path.join(ROOT, part), copy / part,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(os.path.join(ROOT, "grace-entry-points.cfg"), copy)
+    with open(copy / "grace" / "compressors" / "topk.py", "a") as f:
+        f.write("\n\n_exact = TopK.encode\n\n\ndef _scaled(self, flat, name, ctx, ops):\n"
+                "    return _exact(self, flat * 1.0001, name, ctx, ops)\n\n\nTopK.encode = _scaled\n")
+
+    def compare(before: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "pipeline_digests.py"),
+                               "--before", before, "--after", ROOT, "--compressors", "topk,none"],
+                              capture_output=True, text=True, cwd=ROOT)
+
+    mutant = compare(str(copy))
+    assert mutant.returncode == 1, mutant.stderr
+    lines = mutant.stdout.strip().splitlines()
+    assert lines[0] == "16 compressor and set-up pairs (1 refused alike), 8 differ"
+    assert sorted(line.split(":")[0].strip() for line in lines[1:]) == sorted(
+        f"{setup} topk" for setup in ("plain", "sgd", "adam", "warmup", "bucket", "alltoall",
+                                      "hierarchical", "sparse"))
+    same = compare(ROOT)
+    assert same.returncode == 0 and same.stdout.strip() == \
+        "16 compressor and set-up pairs (1 refused alike), 0 differ"
+    wrong = measure("pipeline_digests.py", str(tmp_path), "--compressors", "none")
+    assert wrong.returncode != 0 and "AssertionError" in wrong.stderr
+
+
+def test_the_timing_table_has_a_row_per_compression_from_both_sides():
+    """``--before/--after``: each compression's row gives both sides' medians and their ratio (the
+    ratio is after / before of the printed medians, not before / after). Nothing here is timed
+    against a bound: the figures' sizes depend on the machine."""
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "pipeline_overhead.py"),
+                           "--before", ROOT, "--after", ROOT, "--compressors", "none,topk",
+                           "--steps", "1", "--repeats", "2"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert [cells[0].strip() for cells in rows[1:]] == ["none", "topk"]
+    for cells in rows[1:]:
+        before, after, ratio = (float(c) for c in cells[1:4])
+        assert before > 0 and after > 0
+        assert ratio == pytest.approx(after / before, abs=0.06)

@@ -1,0 +1,29 @@
+"""One side of a comparison of two checkouts (scripts/pipeline_digests.py, pipeline_overhead.py):
+the comparing script runs itself again with ``--measure ROOT`` in a process that imports grace
+from that checkout, and reads back the JSON the run prints last."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def measure_side(script: str, root: str, *args: str) -> dict:
+    """``script --measure root *args`` in a process whose ``PYTHONPATH`` and working folder are
+    the checkout at ``root``; its last line of output, parsed. A failing side raises."""
+    root = os.path.abspath(root)
+    result = subprocess.run([sys.executable, os.path.abspath(script), "--measure", root, *args],
+                            capture_output=True, text=True, check=True, cwd=root,
+                            env=dict(os.environ, PYTHONPATH=root))
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def assert_imported_from(root: str) -> None:
+    """The grace this process imported is the checkout's at ``root``, not another on the path
+    (a comparison of a checkout with itself would find nothing)."""
+    import grace
+
+    where = os.path.dirname(os.path.dirname(os.path.abspath(grace.__file__)))
+    assert where == os.path.abspath(root), f"grace was imported from {where}, not {root}"
