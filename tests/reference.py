@@ -14,6 +14,11 @@ from common import LR, batch, gradients, init_weights  # noqa: E402
 MIN_NUMEL = 1024  # grace's default: b (8 elements) travels dense, W (1280) is compressed
 
 
+def at(setting, step: int) -> float:
+    """A setting's value at ``step``: a number, or a sequence of one per step (a scheduler's)."""
+    return float(setting) if np.isscalar(setting) else float(setting[step])
+
+
 def with_residual(choose):
     """Error feedback around a sparsifier: ``choose(name, step, flat)`` picks the indices sent from
     gradient + residual; the rest becomes the new residual."""
@@ -36,6 +41,7 @@ def with_velocity(choose, momentum, nesterov=False, mask=False, dense_steps=0, d
     """Error feedback on the velocity (the ``momentum`` memory; with ``mask``, DGC's): each worker
     keeps ``u = momentum * u + g`` and compresses ``e + u`` (``e + g + momentum * u`` with
     Nesterov); ``e`` keeps what was not sent; DGC's masking zeroes ``u`` where entries were sent.
+    ``momentum``: a number, or one per step (a scheduler's).
     The first ``dense_steps`` exchanges are a warm-up, sent dense: the velocity (which compression
     then continues) where the momentum was taken over (``dense_momentum``), else the gradient.
     ``dampening``: ``u = momentum * u + (1 - dampening) * g`` (Adam's ``beta_1`` taken over)."""
@@ -45,11 +51,12 @@ def with_velocity(choose, momentum, nesterov=False, mask=False, dense_steps=0, d
         key = (name, rank)
         if step < dense_steps and not dense_momentum:
             return g
-        u = momentum * velocities.get(key, 0.0) + (1.0 - dampening) * g
+        beta = at(momentum, step)
+        u = beta * velocities.get(key, 0.0) + (1.0 - dampening) * g
         velocities[key] = u
         if step < dense_steps:
             return u
-        c = residuals.get(key, 0.0) + (g + momentum * u if nesterov else u)
+        c = residuals.get(key, 0.0) + (g + beta * u if nesterov else u)
         flat = c.reshape(-1)
         keep = choose(name, step, flat)
         sent = np.zeros_like(flat)
@@ -154,7 +161,7 @@ def randomk_with_residual(ratio, seed):
 
 
 def randomk_adam(ratio, seed, lr, eps, name="weight", transposed=False, workers=2, steps=10,
-                 decay=0.0):
+                 decay=0.0, adam_start=0):
     """Final (W, b) of random-k with Adam's moments taken over (grace.second_moment), written from
     its definition: each worker keeps ``v = 0.999 v + 0.001 g²`` of its own W gradient and error
     feedback's residual; random-k (``min_kept=1``, the draw of ``randomk_with_residual``) sends the
@@ -162,7 +169,9 @@ def randomk_adam(ratio, seed, lr, eps, name="weight", transposed=False, workers=
     the shared estimate there, and W steps by ``lr * burst / (sqrt(v) + eps)``, no first moment.
     b (dense) steps by Adam (0.9, 0.999) as the optimizer computes it. ``name`` and ``transposed``:
     the tensor as a framework names and lays it out (Keras's ``kernel`` is W transposed).
-    ``decay``: AdamW's decoupled weight decay, ``p -= lr * decay * p`` before each update."""
+    ``decay``: AdamW's decoupled weight decay, ``p -= lr * decay * p`` before each update. ``lr``: a
+    number or one per step. ``adam_start``: the steps Adam counted for b before the first
+    (``hvd.broadcast_optimizer_state`` initialises it with one step of zero gradients)."""
     from grace.compressors.randomk import RandomK
     from grace.rng import reference_indices
 
@@ -189,12 +198,14 @@ def randomk_adam(ratio, seed, lr, eps, name="weight", transposed=False, workers=
             residual[rank][keep] = 0.0
             gb = gb + db / workers
         shared[keep] = drawn[keep]
-        update = lr * burst / (np.sqrt(shared) + eps)
-        w, b = w * (1 - lr * decay), b * (1 - lr * decay)
+        rate = at(lr, step)
+        update = rate * burst / (np.sqrt(shared) + eps)
+        w, b = w * (1 - rate * decay), b * (1 - rate * decay)
         w = w - (update.reshape(w.shape[::-1]).T if transposed else update.reshape(w.shape))
         m_b = 0.9 * m_b + 0.1 * gb
         v_b = 0.999 * v_b + 0.001 * gb * gb
-        b = b - lr / (1 - 0.9**t) * m_b / (np.sqrt(v_b / (1 - 0.999**t)) + eps)
+        t_b = t + adam_start
+        b = b - rate / (1 - 0.9**t_b) * m_b / (np.sqrt(v_b / (1 - 0.999**t_b)) + eps)
     return w, b
 
 
@@ -364,7 +375,7 @@ def signs_of_momentum(beta):
 
 def simulate(compress=None, workers=2, steps=10, average=True, passes=1, clip=None, adam=False,
              fp16=False, ranks=None, momentum=None, nesterov=False, joined=False, exchange=None,
-             compress_b=None, beta1=0.9, adam_start=1):
+             compress_b=None, beta1=0.9, adam_start=1, lr=LR, decay=0.0, keras_eps=None):
     """Final (W, b) of data-parallel training of common.py's model. ``compress(name, rank, step, g)``
     is applied to W's gradient (b is below the size threshold and travels dense). ``ranks`` chooses
     whose data the workers train on (default: ``range(workers)``). ``momentum``: SGD's momentum on
@@ -375,7 +386,11 @@ def simulate(compress=None, workers=2, steps=10, average=True, passes=1, clip=No
     gradients at once (a two-stage exchange), in place of compressing each and adding up.
     ``compress_b``: applied to each worker's b as ``compress`` to W (a momentum taken over).
     Adam (lr 0.01, ``beta1``, beta2 0.999, eps 1e-8) starts at step ``adam_start`` (1 after
-    ``hvd.broadcast_optimizer_state``, which initialises Adam with one zero step; else 0)."""
+    ``hvd.broadcast_optimizer_state``, which initialises Adam with one zero step; else 0).
+    ``lr`` and ``momentum``'s values: numbers, or one per step (a scheduler's). ``decay``: SGD's
+    weight decay, added to the update after the momentum (the optimizer's, with its momentum taken
+    over: ``p -= lr * (v + decay * p)``). ``keras_eps``: Adam as Keras writes it, with this epsilon
+    added to the second moment's root before its bias correction (torch's 1e-8 after it, else)."""
     ranks = list(range(workers)) if ranks is None else list(ranks)
     workers = len(ranks)
     w, b = (a.astype(np.float64) for a in init_weights(0))
@@ -413,20 +428,25 @@ def simulate(compress=None, workers=2, steps=10, average=True, passes=1, clip=No
             gw, gb = gw * factor, gb * factor
         if momentum:
             for key, g in (("w", gw), ("b", gb)):
-                m[key] = momentum[key] * m[key] + g
+                beta = at(momentum[key], step)
+                m[key] = beta * m[key] + g
                 if key == "w":
-                    gw = gw + momentum[key] * m[key] if nesterov else m[key]
+                    gw = gw + beta * m[key] if nesterov else m[key]
                 else:
-                    gb = gb + momentum[key] * m[key] if nesterov else m[key]
+                    gb = gb + beta * m[key] if nesterov else m[key]
+        gw, gb = gw + decay * w, gb + decay * b
         if adam:
             t += 1
             updates = {}
             for key, g in (("w", gw), ("b", gb)):
                 m[key] = beta1 * m[key] + (1 - beta1) * g
                 v[key] = 0.999 * v[key] + 0.001 * g * g
-                denom = np.sqrt(v[key]) / np.sqrt(1 - 0.999**t) + 1e-8
+                if keras_eps is None:
+                    denom = np.sqrt(v[key]) / np.sqrt(1 - 0.999**t) + 1e-8
+                else:  # lr sqrt(1 - b2^t) / (1 - b1^t) m / (sqrt(v) + eps)
+                    denom = (np.sqrt(v[key]) + keras_eps) / np.sqrt(1 - 0.999**t)
                 updates[key] = 0.01 / (1 - beta1**t) * m[key] / denom
             w, b = w - updates["w"], b - updates["b"]
         else:
-            w, b = w - LR * gw, b - LR * gb
+            w, b = w - at(lr, step) * gw, b - at(lr, step) * gb
     return w, b

@@ -180,6 +180,42 @@ def test_keras_adam_moments_are_taken_over_by_randomk(tf_run):
     assert infos[0]["optimizer_beta_1"] == infos[1]["optimizer_beta_1"] == 0.9
 
 
+@pytest.mark.parametrize("option", ["clipnorm", "loss_scale_factor", "use_ema", "accumulate"])
+def test_keras_adam_keeps_its_moments_where_keras_changes_the_updates(tf_run, option):
+    """Keras's Adam (epsilon 1e-3) with ``clipnorm`` (1e6: set, clipping nothing), ``loss_scale_factor`` (4),
+    ``use_ema`` or ``gradient_accumulation_steps`` (2): random-k does not take Adam's moments over
+    (the caution names the setting), and Adam steps every variable, the kernel included, on random-k's
+    exchanged gradients: the numpy model of random-k under Adam, with the final weights the moving
+    average of the trajectory for ``use_ema`` (Keras's 0.99, the first step's weights taken whole)."""
+    name = f"keras_randomk_adam_{option}"
+    infos = [json.loads((tf_run / f"{name}.rank{r}.json").read_text()) for r in range(2)]
+    (said,) = [line for line in infos[0]["grace_log"] if line.startswith("grace: randomk")]
+    setting = "gradient_accumulation_steps" if option == "accumulate" else option
+    assert said.startswith(f"grace: randomk with keras Adam ({setting} set: Adam keeps its moments)")
+    assert infos[1]["grace_log"] == []
+    assert infos[0]["adam_kernel_velocity"] > 0  # Adam stepped the kernel (0 under the takeover)
+
+    # Keras divides the accumulated micro-steps' sum by their count before Adam sees it.
+    share = 0.5 if option == "accumulate" else 1.0
+
+    def model(steps):
+        draw = reference.randomk_with_residual(0.05, 3)
+        return reference.simulate(
+            lambda _, rank, step, g: share * draw(infos[0]["kernel_path"], rank, step, g.T).T,
+            compress_b=lambda _, rank, step, g: share * g, adam=True, adam_start=0, keras_eps=1e-3,
+            steps=steps,
+            passes=2 if option == "accumulate" else 1)
+
+    if option == "use_ema":
+        average = model(1)
+        for steps in range(2, 11):
+            average = tuple(0.99 * a + 0.01 * w for a, w in zip(average, model(steps)))
+        check(tf_run, name, average)
+        assert np.abs(average[0] - model(10)[0]).max() > 1e-3  # the average is not the last step
+    else:
+        check(tf_run, name, model(10))
+
+
 def test_tf1_momentum_is_turned_off_for_randomk(tf_run):
     # (Keras names the tensor dense/kernel and transposes it: random-k's indices would differ from
     # the numpy model's, which draws them for "weight".)

@@ -14,6 +14,17 @@ from frameworks.process_set import log_once
 from grace.momentum import OptimizerMomentum
 from grace.pipeline import Pipeline
 
+KEEP_ADAM = ("amsgrad", "clipnorm", "clipvalue", "global_clipnorm", "loss_scale_factor", "use_ema",
+             "gradient_accumulation_steps")
+"""A Keras Adam's settings that keep its moments with it: AMSGrad's running maximum is Adam's to
+keep, and the others change the updates on their way (clipping, a loss scale, a moving average
+of the weights, accumulation over micro-steps)."""
+
+
+def keras_adam_kept(config: dict) -> list[str]:
+    """The settings of ``KEEP_ADAM`` this Keras Adam's ``config`` sets."""
+    return [key for key in KEEP_ADAM if config.get(key)]
+
 
 def take_keras_adam_moments(optimizer_class, config: dict, compression: Pipeline, process_set,
                             averaged: bool) -> bool:
@@ -22,11 +33,7 @@ def take_keras_adam_moments(optimizer_class, config: dict, compression: Pipeline
     by their updates. Not with AMSGrad (its running maximum is Adam's to keep), nor where Keras
     would change the updates on their way (clipping, a loss scale, a moving average of the weights,
     accumulation over micro-steps): the optimizer then steps everything, as it is."""
-    if not issubclass(optimizer_class, keras.optimizers.Adam) or config.get("amsgrad"):
-        return False
-    reshaped = ("clipnorm", "clipvalue", "global_clipnorm", "loss_scale_factor",
-                "gradient_accumulation_steps")
-    if any(config.get(key) for key in reshaped) or config.get("use_ema"):
+    if not issubclass(optimizer_class, keras.optimizers.Adam) or keras_adam_kept(config):
         return False
     line = compression.take_adam_moments(float(config.get("beta_2", 0.999)),
                                          float(config.get("epsilon", 1e-7)), averaged=averaged)
@@ -45,7 +52,9 @@ def take_keras_momentum(optimizer_class, config: dict, compression: Pipeline, pr
             config = {**config, "momentum": 0.0, "nesterov": False}
     elif issubclass(optimizer_class, (keras.optimizers.Adam, keras.optimizers.AdamW)):
         beta1 = float(config.get("beta_1", 0.0))
-        log_once(compression.adam_caution(f"keras {optimizer_class.__name__}"), process_set)
+        kept = keras_adam_kept(config)
+        log_once(compression.adam_caution(f"keras {optimizer_class.__name__}" + (
+            f" ({', '.join(kept)} set: Adam keeps its moments)" if kept else "")), process_set)
         line = compression.take_momentum(OptimizerMomentum(beta1, dampening=beta1,
                                                         source="keras Adam's beta_1"), adam=True)
         if line is not None:

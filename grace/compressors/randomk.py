@@ -34,8 +34,9 @@ class RandomK(Seeded, Sparse, Compressor):
         "its error feedback sends each element about every 1/ratio steps, and Adam divides those "
         "bursts by their own size: measured on mnist it ends 1-2 points below uncompressed Adam. "
         "grace takes Adam's moments over to avoid that where it can (hvd.DistributedOptimizer over "
-        "torch or Keras Adam/AdamW without AMSGrad or Keras's clipping, random-k's own error "
-        "feedback over allreduce, hvd.Average, no warm-up), not here: prefer topk or dgc "
+        "torch or Keras Adam/AdamW without AMSGrad, in Keras also without clipping, a loss scale, "
+        "EMA or accumulation; random-k's own error feedback over allreduce, hvd.Average, no "
+        "warm-up), not here: prefer topk or dgc "
         "(docs/quality.md, 'With Adam')")
     moments: SharedSecondMoment | None = None
     """Adam's second moment, when the wrapper took it over (``Pipeline.take_adam_moments``)."""

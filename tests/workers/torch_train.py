@@ -157,6 +157,8 @@ else:
         "topk_broadcast": lambda: train("topk_broadcast",
                                         lambda: grace.topk(0.05, communicator="broadcast")),
         "randomk": lambda: train("randomk", lambda: grace.randomk(0.05, seed=3, min_kept=1)),
+        "topk_allgather": lambda: train("topk_allgather", lambda: grace.topk(
+            0.05, bucket_bytes=0, communicator="allgather")),
         # Shards all-to-all to their owners, re-encoded there, gathered (any number of workers).
         "topk_alltoall": lambda: train("topk_alltoall",
                                        lambda: grace.topk(0.05, communicator="alltoall")),

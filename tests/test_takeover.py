@@ -1,0 +1,123 @@
+"""The optimizer takeovers (grace.takeover) where a user's script does more than step, on real
+workers (tests/workers/torch_takeover.py): random-k's Adam takeover through a resume, a loss
+scaler's skipped step, ``hvd.broadcast_optimizer_state`` and a learning-rate schedule; SGD's momentum
+taken over under ``OneCycleLR`` (which cycles it) and with weight decay. Each against a numpy model
+(tests/reference.py) to 1e-5, identical on every worker."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import reference
+from launch import ROOT, horovodrun
+from test_horovod_torch import check
+from test_momentum import DENSE_MOMENTUM
+
+WORKER = os.path.join(ROOT, "tests", "workers", "torch_takeover.py")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("takeover")
+    return out, horovodrun(WORKER, str(out))
+
+
+def info(out, name, rank=0):
+    return json.loads((out / f"{name}.rank{rank}.json").read_text())
+
+
+def weights(out, name, rank=0):
+    saved = np.load(out / f"{name}.rank{rank}.npz")
+    return saved["w"], saved["b"]
+
+
+def test_randomk_adam_resumes_through_the_optimizers_state_dict(run):
+    """Five steps, ``optimizer.state_dict()`` saved, a new model, optimizer and compression loaded
+    from it, five more: the model of ten uninterrupted steps. Without the residuals, the shared
+    second moment and Adam's state for b in the checkpoint the last five steps would differ."""
+    out, _ = run
+    check(out, "adam_resume", reference.randomk_adam(0.05, 3, lr=0.01, eps=1e-8))
+    import torch
+
+    saved = torch.load(out / "adam_resume.rank0.pt", weights_only=False)
+    assert sorted(saved["optimizer"]["grace"]["moments"]) == ["local", "shared", "weights"]
+
+
+def test_randomk_adam_steps_by_the_schedulers_learning_rate(run):
+    """Under ``LambdaLR`` (1 / (1 + step)) the tensors the wrapper steps (W) and those Adam steps
+    (b) both take each step's rate; the model with the first rate throughout is far from it."""
+    out, _ = run
+    rates = info(out, "adam_scheduled")["rates"]
+    assert rates == pytest.approx([0.01 / (1 + s) for s in range(10)])
+    check(out, "adam_scheduled", reference.randomk_adam(0.05, 3, lr=rates, eps=1e-8))
+    fixed, _ = reference.randomk_adam(0.05, 3, lr=0.01, eps=1e-8)
+    assert np.abs(weights(out, "adam_scheduled")[0] - fixed).max() > 1e-3
+
+
+def test_randomk_adam_after_broadcast_optimizer_state_takes_rank_0s_settings(run):
+    """Workers built with learning rates 0.01 and 0.05, then ``hvd.broadcast_optimizer_state``:
+    both at 0.01, and the weights are the model's, with b's Adam one step on (the broadcast
+    initialises Adam's state with a step of zero gradients, which leaves every weight as it was)."""
+    out, _ = run
+    for rank in range(2):
+        assert info(out, "adam_broadcast", rank)["lr"] == 0.01
+        # W is stepped by the wrapper: Adam counted only the broadcast's zero step for it.
+        assert info(out, "adam_broadcast", rank)["adam_steps"] == {"weight": 1, "bias": 11}
+    check(out, "adam_broadcast", reference.randomk_adam(0.05, 3, lr=0.01, eps=1e-8, adam_start=1))
+
+
+def test_a_loss_scalers_skipped_step_leaves_randomk_adam_as_if_it_never_came(run):
+    """Rank 1's loss is Inf at step 3 under ``GradScaler``: the step is skipped on both workers
+    (the weights unchanged there), and the run ends bit for bit where a run that left step 3 out
+    ends, so no residual, local or shared second moment, draw or Adam state took it in.
+
+    The documented limit is said too: ``unscale_`` divides what ``.grad`` holds after
+    ``synchronize()``, which for the tensors random-k steps itself is their update, not a
+    gradient; ``step()`` warns once on every worker to build the compression with
+    ``take_adam_moments=False`` (docs/user-guide.md)."""
+    out, _ = run
+    for rank in range(2):
+        assert info(out, "adam_overflow", rank)["unchanged_at_overflow"] is True
+        for a, b in zip(weights(out, "adam_overflow", rank), weights(out, "adam_skipped", rank)):
+            np.testing.assert_array_equal(a, b)
+        for mode in ("overflow", "skipped"):
+            (said,) = info(out, f"adam_{mode}", rank)["warnings"]
+            assert "unscaled" in said and "take_adam_moments=False" in said
+    # The runs trained (two untouched models would match vacuously: b moves by Adam's steps),
+    # and the skip mattered: ten steps without one end elsewhere.
+    _, b0 = reference.init_weights(0)
+    assert np.abs(weights(out, "adam_skipped")[1] - b0).max() > 1e-2
+    assert np.abs(weights(out, "adam_skipped")[1] - weights(out, "adam_resume")[1]).max() > 1e-4
+
+
+def test_dgc_follows_one_cycles_momentum_and_learning_rate(run):
+    """``OneCycleLR`` cycles SGD's momentum between 0.85 and 0.95 and its rate up and down: DGC
+    takes each step's momentum (read before each step), and the optimizer each step's rate. The
+    model with the momentum fixed at 0.9 is far from it."""
+    out, _ = run
+    schedule = info(out, "dgc_one_cycle")
+    momenta, rates = schedule["momenta"], schedule["rates"]
+    assert min(momenta) == pytest.approx(0.85) and max(momenta) == pytest.approx(0.95)
+    assert max(rates) == pytest.approx(0.1) and rates[0] < 0.01
+    check(out, "dgc_one_cycle", reference.simulate(
+        reference.with_velocity(reference.largest(0.05), momenta, mask=True),
+        momentum={"w": 0.0, "b": momenta}, lr=rates))
+    fixed, _ = reference.simulate(reference.with_velocity(reference.largest(0.05), 0.9, mask=True),
+                                  momentum=DENSE_MOMENTUM, lr=rates)
+    assert np.abs(weights(out, "dgc_one_cycle")[0] - fixed).max() > 1e-4
+
+
+@pytest.mark.parametrize("name, compress", [
+    ("dgc_weight_decay", lambda: reference.with_velocity(reference.largest(0.05), 0.9, mask=True)),
+    ("randomk_weight_decay", lambda: reference.randomk_with_residual(0.05, 3))])
+def test_weight_decay_stays_with_the_optimizer_without_momentum(run, name, compress):
+    """SGD(momentum=0.9, weight_decay=0.05) with its momentum taken over: the optimizer adds the
+    decay to the exchanged update and steps without momentum, ``p -= lr * (v + decay * p)`` (as in
+    DGC's paper), on W and on b (whose momentum the pipeline applied before the exchange)."""
+    out, _ = run
+    check(out, name, reference.simulate(compress(), momentum=DENSE_MOMENTUM, decay=0.05))
+    undecayed, _ = reference.simulate(compress(), momentum=DENSE_MOMENTUM)
+    assert np.abs(weights(out, name)[0] - undecayed).max() > 1e-3
