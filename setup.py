@@ -7,7 +7,8 @@ setup(
     version="0.1.0",
     description="Gradient compression for Horovod, written once for PyTorch and TensorFlow",
     packages=find_packages(include=["grace", "grace.*", "frameworks", "frameworks.*"]),
-    package_data={"grace.native": ["kernels.c"]},
+    # The C loops, compiled on first use: the shared steps, and each compressor's own beside it.
+    package_data={"grace.native": ["kernels.c", "common.h"], "grace.compressors": ["*.c"]},
     python_requires=">=3.9",
     install_requires=["numpy"],
     extras_require={"progress": ["tqdm"], "plots": ["matplotlib"]},

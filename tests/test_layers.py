@@ -9,7 +9,9 @@ import collections
 import contextlib
 import importlib
 import inspect
+import os
 import pkgutil
+import re
 from pathlib import Path
 
 import numpy as np
@@ -55,27 +57,62 @@ def test_ops_holds_no_step_named_after_a_kernel_and_no_dispatch_to_them():
                 "sub_matmul", "load", "save", "counter", "within", "commit"} & names
 
 
+def _names_in(node) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+
 def test_no_algorithm_calls_a_kernel_or_the_native_library_by_name():
-    """By the code's structure, not its text (a docstring may say "native"): no compressor or
-    memory imports grace.native, takes from grace.kernels anything but the ``accelerated``
-    decorator its own steps are declared with, or names the native layer's runners."""
+    """By the code's structure, not its text (a docstring may say "native"): no algorithm (a
+    compressor's or memory's class) and no composite step (a function marked ``@accelerated``)
+    names the native layer or its runners, and nothing takes from grace.kernels anything but the
+    ``accelerated`` decorator. A compressor module's own loops, declared and registered at module
+    level beside its C file, are the only native code it holds (memories hold none)."""
     banned = {"native", "kernels", "run_kernel", "fused", "KERNELS"}
     for path in sorted((ROOT / "grace" / "compressors").glob("*.py")) + sorted(
             (ROOT / "grace" / "memories").glob("*.py")):
         tree = ast.parse(path.read_text())
+        has_loops = path.parent.name == "compressors" and path.with_suffix(".c").exists()
         for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                assert not {a.name for a in node.names if a.name.split(".")[-1] in banned}, path.name
-            elif isinstance(node, ast.ImportFrom):
+            if isinstance(node, ast.ImportFrom):
                 names = {a.name for a in node.names}
                 assert (node.module or "").split(".")[-1] != "native", path.name
-                assert not names & banned, path.name
                 if (node.module or "").endswith("kernels"):
                     assert names == {"accelerated"}, (path.name, names)
-            elif isinstance(node, ast.Name):
-                assert node.id not in banned, (path.name, node.id)
-            elif isinstance(node, ast.Attribute):
-                assert node.attr not in banned, (path.name, node.attr)
+                assert not names & (banned - {"native"} if has_loops else banned), path.name
+            elif isinstance(node, ast.Import):
+                assert not {a.name for a in node.names if a.name.split(".")[-1] in banned}, path.name
+        for node in tree.body:
+            marked = isinstance(node, ast.FunctionDef) and any(
+                "accelerated" in _names_in(d) for d in node.decorator_list)
+            if isinstance(node, ast.ClassDef) or marked:
+                assert not _names_in(node) & banned, (path.name, node.name, _names_in(node) & banned)
+            elif not has_loops:
+                assert not _names_in(node) & banned, (path.name, getattr(node, "name", None))
+
+
+def _exported(c_file) -> set[str]:
+    return set(re.findall(r"^(?:void|int64_t) (grace_\w+)\(", c_file.read_text(), re.M))
+
+
+def test_every_loop_is_declared_once_beside_its_c_file():
+    """Each exported C loop is declared (a ``native.Loop`` of its symbol) exactly once, in the
+    Python module beside its C file: the shared steps' in grace/native/__init__.py, a compressor's
+    own in its module (``natural.c`` in ``natural.py``); and the library is built from exactly
+    those files."""
+    declared: dict[str, list[str]] = {}
+    for module in [native, *[importlib.import_module(f"grace.compressors.{c.stem}")
+                             for c in sorted((ROOT / "grace" / "compressors").glob("*.c"))]]:
+        for value in vars(module).values():
+            if isinstance(value, native.Loop):
+                declared.setdefault(value.symbol, []).append(module.__name__)
+    sources = [ROOT / "grace" / "native" / "kernels.c", *sorted((ROOT / "grace" / "compressors").glob("*.c"))]
+    assert [os.path.realpath(s) for s in native.sources()] == [os.path.realpath(s) for s in sources]
+    for source in sources:
+        owner = "grace.native" if source.stem == "kernels" else f"grace.compressors.{source.stem}"
+        for symbol in _exported(source):
+            assert declared.get(symbol) == [owner], (symbol, declared.get(symbol))
+    assert set(declared) == set().union(*map(_exported, sources))
 
 
 def test_every_kernel_has_one_composite_step_written_against_the_protocol():

@@ -330,7 +330,7 @@ def test_the_bucket_index_bounds_every_count(kind, key_bits):
         "infinite": np.array([-np.inf, -0.0, 0.0, 1.0, np.inf], np.float32),
         "ties": np.array([-1.0, 0.5, 0.5, 0.5, 2.0], np.float32),
     }[kind]
-    _, low, high, shift = native._bucket_index(boundaries, key_bits)
+    _, low, high, shift = native.bucket_index(boundaries, key_bits)
     assert 32 - shift == key_bits
     keys = np.arange(1 << (32 - shift), dtype=np.uint32) << shift
     ends = np.stack([keys, keys | ((1 << shift) - 1)]).view(np.float32)

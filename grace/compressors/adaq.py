@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import numpy as np
+
+from grace import native
 from grace.compressor import LENGTH_BYTES, Compressor, Seeded, capped, compute_dtype, numel_of, payload_budget
 from grace.kernels import accelerated
 from grace.ops import INDEX_BYTES, index_dtype
@@ -78,6 +81,32 @@ class AdaQ(Seeded, Compressor):
         values = ops.concat([ops.mul(ops.cast(ops.greater_equal(positive, 0), ctx.dtype), mean_pos),
                              ops.mul(ops.cast(ops.greater_equal(negative, 0), ctx.dtype), mean_neg)])
         return ops.scatter_add(ctx.numel, indices, values)
+
+
+# The loop of adaq.c beside this file: both sides' selections in one pass (counted, then written).
+TWO_SIDED_LOOP = native.Loop("grace_two_sided", (
+    native.In(0), native.START, native.COUNT, native.Param("top"), native.Param("bottom"),
+    native.Placed(0), native.Placed(1), native.Row(2)))
+
+
+def _two_sided_loop(x: np.ndarray, top: np.ndarray, bottom: np.ndarray):
+    """The indices (int64, in order) of ``x >= top`` among the positive elements and of
+    ``x <= bottom`` among the negative ones, and their float64 sums and counts."""
+    params = {"top": float(np.reshape(top, -1)[0]), "bottom": float(np.reshape(bottom, -1)[0])}
+    # The loop writes each list with a slot of slack (branch-free), which the join leaves out.
+    (high, low), counts = native.select(TWO_SIDED_LOOP, x.size, [x], [], [np.int64, np.int64], params,
+                                        slack=1)
+    offsets, _ = native.placement(counts, slack=1)
+    pick = [np.concatenate([out[o:o + c] for o, c in zip(offsets[:, j], counts[:, j])])
+            for j, out in enumerate((high, low))]
+    # The sums run over the few selected elements only, in index order.
+    sums = np.array([x[i].sum(dtype=np.float64) for i in pick])
+    return pick[0], pick[1], sums, counts.sum(0).astype(np.float64)
+
+
+native.register("two_sided", native.Kernel(_two_sided_loop, lambda x, top, bottom: [
+    ("int64", (None,)), ("int64", (None,)), ("float64", (2,)), ("float64", (2,))],
+    native.float32_at(0, 1, 2)))
 
 
 @accelerated("two_sided")

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import numpy as np
+
+from grace import native
 from grace.compressor import LENGTH_BYTES, Compressor, at_least_bytes, compute_dtype
 from grace.kernels import accelerated
 from grace.validation import check_positive
@@ -56,6 +59,50 @@ class Inceptionn(Compressor):
         bound = ops.constant([self.error_bound], dtype, like=packed)
         return ops.cast(decode(ops, packed, small, medium, ops.cast(large, dtype), bound, n=ctx.numel),
                         ctx.dtype)
+
+
+# The loops of inceptionn.c beside this file: the tags and the classes' members in one pass
+# (counted, then written), the count of a range's tags, and the decoding.
+ENCODE_LOOP = native.Loop("grace_inceptionn_encode", (
+    native.In(0), native.START, native.COUNT, native.Param("inverse"), native.Out(0),
+    native.Placed(1, 0), native.Placed(2, 1), native.Placed(3, 2), native.Row(4)))
+COUNT_TAGS_LOOP = native.Loop("grace_count_tags", (native.In(0), native.START, native.COUNT,
+                                                   native.Row(0)))
+DECODE_LOOP = native.Loop("grace_inceptionn_decode", (
+    native.In(0), native.START, native.COUNT, native.In(1), native.In(2), native.In(3), native.Offset(0),
+    native.Offset(1), native.Offset(2), native.Param("bound"), native.Out(0)))
+
+
+def _encode_loop(x: np.ndarray, inverse: np.ndarray):
+    """The tags (2 bits, packed) and class members (int8 and int16 steps, float32 values) for
+    float32 ``x`` with ``steps = rint(x * inverse)``."""
+    tags = native.empty((x.size + 3) // 4, np.uint8)
+    (tags, small, medium, large), _ = native.select(
+        ENCODE_LOOP, x.size, [x], [tags], [np.int8, np.int16, np.float32],
+        {"inverse": float(np.reshape(inverse, -1)[0])})
+    return tags, small, medium, large
+
+
+def _decode_loop(tags: np.ndarray, small: np.ndarray, medium: np.ndarray, large: np.ndarray,
+                 error_bound: np.ndarray, n: int) -> np.ndarray:
+    counts = np.zeros((native.parts(n), 3), np.int64)
+    native.run(COUNT_TAGS_LOOP, n, [tags], [counts])
+    offsets, totals = native.placement(counts)
+    tagged, members = tuple(int(c) for c in totals), (small.size, medium.size, large.size)
+    if tagged != members:
+        raise ValueError(f"inceptionn payload: its tags count {tagged} members of classes 1, 2, 3, "
+                         f"but it holds {members}")
+    out = native.empty(n, np.float32)
+    native.run(DECODE_LOOP, n, [tags, small, medium, large], [out],
+               {"bound": float(np.reshape(error_bound, -1)[0])}, offsets=offsets)
+    return out
+
+
+native.register("inceptionn_encode", native.Kernel(_encode_loop, lambda x, inverse: [
+    ("uint8", ((x[0] + 3) // 4,)), ("int8", (None,)), ("int16", (None,)), ("float32", (None,))],
+    native.float32_at(0)))
+native.register("inceptionn_decode", native.Kernel(_decode_loop, lambda *shapes, n: [("float32", (n,))],
+                                                   native.float32_at(3, 4)))
 
 
 @accelerated("inceptionn_encode")

@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from grace import native
 from grace.compressor import Compressor, Seeded, numel_of
 from grace.kernels import accelerated
 
@@ -30,6 +33,30 @@ class Natural(Seeded, Compressor):
     def payload_nbytes(self, shape, itemsize):
         n = numel_of(shape)
         return n + math.ceil(n / 8)
+
+
+# The loops of natural.c beside this file: the encoding in one pass, and its inverse.
+ENCODE_LOOP = native.Loop("grace_natural_encode", (native.In(0), native.START, native.COUNT, *native.KEY,
+                                                   native.Out(0), native.Out(1)))
+DECODE_LOOP = native.Loop("grace_natural_decode", (native.In(0), native.In(1), native.START, native.COUNT,
+                                                   native.Out(0)))
+
+
+def _encode_loop(x: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    codes, signs = native.empty(x.size, np.uint8), native.empty((x.size + 7) // 8, np.uint8)
+    native.run(ENCODE_LOOP, x.size, [x], [codes, signs], seed=seed)
+    return codes, signs
+
+
+def _decode_loop(codes: np.ndarray, signs: np.ndarray) -> np.ndarray:
+    out = native.empty(codes.size, np.float32)
+    native.run(DECODE_LOOP, codes.size, [codes, signs], [out])
+    return out
+
+
+native.register("natural_encode", native.Kernel(
+    _encode_loop, lambda x: [("uint8", x), ("uint8", ((x[0] + 7) // 8,))], native.float32_at(0)))
+native.register("natural_decode", native.Kernel(_decode_loop, lambda codes, signs: [("float32", codes)]))
 
 
 @accelerated("natural_encode")

@@ -4,7 +4,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from grace import steps
+from grace import native, steps
 from grace.compressor import Compressor, Seeded, compute_dtype, numel_of
 from grace.kernels import accelerated
 from grace.validation import check_int
@@ -62,6 +62,31 @@ def _cuts(m: int, buckets: int) -> np.ndarray:
     """The ranks, in a sorted sample of ``m``, of the boundaries between ``buckets`` equal-count
     buckets."""
     return np.minimum(m - 1, (np.arange(1, buckets, dtype=np.int64) * m) // buckets).astype(np.int32)
+
+
+# The loop of sketch.c beside this file: each element's bucket, and the buckets' sums and counts.
+BUCKETIZE_LOOP = native.Loop("grace_bucketize_sums", (
+    native.In(0), native.START, native.COUNT, native.In(1), native.In(2), native.In(3),
+    native.Param("shift", native.INT), native.Param("buckets", native.INT32),
+    native.Out(0), native.Row(1), native.Row(2)))
+
+
+def _bucketize_loop(x: np.ndarray, boundaries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For float32 ``x``: each element's bucket (how many of at most 255 ``boundaries`` are <= it)
+    as a byte, and per bucket the float64 sum and count of its elements."""
+    n = x.size
+    table, low, high, shift = native.bucket_index(boundaries, 16 if n >= 1 << 17 else 14)
+    ids = native.empty(n, np.uint8)
+    parts = native.parts(n)
+    sums, counts = np.zeros((parts, len(table))), np.zeros((parts, len(table)))
+    native.run(BUCKETIZE_LOOP, n, [x, table, low, high], [ids, sums, counts],
+               {"shift": shift, "buckets": len(table)})
+    return ids, sums.sum(0), counts.sum(0)
+
+
+native.register("bucketize_sums", native.Kernel(_bucketize_loop, lambda x, boundaries: [
+    ("uint8", x), ("float64", (boundaries[0] + 1,)), ("float64", (boundaries[0] + 1,))],
+    native.float32_at(0, 1)))
 
 
 @accelerated("bucketize_sums")

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grace import steps
+from grace import native, steps
 from grace.compressor import TINY, Compressor, compute_dtype, numel_of
 from grace.kernels import accelerated
 
@@ -40,6 +40,25 @@ class U8bit(Compressor):
 
     def payload_nbytes(self, shape, itemsize):
         return itemsize + numel_of(shape)
+
+
+# The loop of u8bit.c beside this file: each element's bucket and sign in one pass.
+BUCKETS_LOOP = native.Loop("grace_magnitude_buckets", (
+    native.In(0), native.START, native.COUNT, native.Param("divisor"), native.In(1), native.In(2),
+    native.In(3), native.Param("shift", native.INT), native.Out(0)))
+
+
+def _buckets_loop(x: np.ndarray, divisor: np.ndarray, boundaries: np.ndarray) -> np.ndarray:
+    """For float32 ``x``: how many ``boundaries`` are <= ``|x| / divisor``, plus 128 where x < 0."""
+    table, low, high, shift = native.bucket_index(boundaries)
+    out = native.empty(x.size, np.uint8)
+    native.run(BUCKETS_LOOP, x.size, [x, table, low, high], [out],
+               {"divisor": float(np.reshape(divisor, -1)[0]), "shift": shift})
+    return out
+
+
+native.register("magnitude_buckets", native.Kernel(
+    _buckets_loop, lambda x, divisor, boundaries: [("uint8", x)], native.float32_at(0, 1, 2)))
 
 
 @accelerated("magnitude_buckets")

@@ -65,10 +65,20 @@ def worth_running(numel: int | None, dtypes, on_host: bool = True, contiguous: b
 PARALLEL_NUMEL = 1 << 19
 """From this many elements a kernel's range is split between threads."""
 
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.c")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SOURCE = os.path.join(_HERE, "kernels.c")
+_HEADER = os.path.join(_HERE, "common.h")
+_COMPRESSORS = os.path.join(os.path.dirname(_HERE), "compressors")
 _FLAGS = ["-O3", "-march=native", "-std=c11", "-ffp-contract=off", "-fno-math-errno",
           "-fno-trapping-math", "-fPIC",
           "-shared"]
+
+
+def sources() -> list[str]:
+    """The library's C files: the shared steps (``kernels.c``) and each compressor's own loops,
+    beside its module in grace/compressors/ (``natural.c`` beside ``natural.py``)."""
+    return [_SOURCE] + sorted(os.path.join(_COMPRESSORS, name) for name in os.listdir(_COMPRESSORS)
+                              if name.endswith(".c"))
 
 _lib: ctypes.CDLL | None = None
 _error: str | None = None
@@ -89,9 +99,13 @@ def _cpu_features() -> str:
 
 def _build() -> str:
     compiler = os.environ.get("CC", "cc")
-    with open(_SOURCE, "rb") as f:
-        source = f.read()
-    key = hashlib.sha256(source + " ".join([compiler, *_FLAGS, _cpu_features()]).encode()).hexdigest()
+    files = sources()
+    digest = hashlib.sha256()
+    for path in [_HEADER, *files]:
+        with open(path, "rb") as f:
+            digest.update(os.path.basename(path).encode() + b"\0" + f.read())
+    key = hashlib.sha256(digest.digest() + " ".join([compiler, *_FLAGS, _cpu_features()]).encode()
+                         ).hexdigest()
     cache = (os.environ.get("GRACE_NATIVE_CACHE") or os.environ.get("GRACE_CACHE")
              or os.path.join(os.path.expanduser("~"), ".cache", "grace"))
     os.makedirs(cache, exist_ok=True)
@@ -102,48 +116,13 @@ def _build() -> str:
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache)
         os.close(fd)
         try:
-            subprocess.run([compiler, *_FLAGS, _SOURCE, "-o", tmp, "-lm"], check=True,
+            subprocess.run([compiler, *_FLAGS, "-I", _HERE, *files, "-o", tmp, "-lm"], check=True,
                            capture_output=True, text=True)
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
     return path
-
-
-def _declare(lib: ctypes.CDLL) -> None:
-    i64, u32, f32, ptr = ctypes.c_int64, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p
-    signatures = {
-        "grace_uniform": [u32, u32, i64, i64, ptr],
-        "grace_quantize_levels": [ptr, i64, i64, ptr, i64, f32, u32, u32, ctypes.c_int, ptr],
-        "grace_block_sums": [ptr, i64, i64, i64, i64, i64, ptr],
-        "grace_unpack_blocks": [ptr, ctypes.c_int, i64, i64, ptr, i64, ptr, ptr],
-        "grace_sign_bits": [ptr, i64, i64, ptr],
-        "grace_unpack_values": [ptr, ctypes.c_int, i64, i64, ptr, ptr],
-        "grace_sums": [ptr, i64, i64, ptr],
-        "grace_scaled_sum": [ptr, f32, ptr, f32, i64, i64, ptr],
-        "grace_count_above": [ptr, i64, i64, f32],
-        "grace_select_above": [ptr, i64, i64, f32, ptr, ctypes.c_int],
-        "grace_topk": [ptr, i64, i64, ptr, ctypes.c_int],
-        "grace_choose": [u32, u32, i64, i64, ctypes.c_int, ptr, ctypes.c_int],
-        "grace_scatter_add": [ptr, i64, ptr, ctypes.c_int, ptr, i64],
-        "grace_two_sided": [ptr, i64, i64, f32, f32, ptr, ptr, ptr],
-        "grace_inceptionn_encode": [ptr, i64, i64, f32, ptr, ptr, ptr, ptr, ptr],
-        "grace_count_tags": [ptr, i64, i64, ptr],
-        "grace_bucket_index": [ptr, ctypes.c_int32, ctypes.c_int, ptr, ptr],
-        "grace_inceptionn_decode": [ptr, i64, i64, ptr, ptr, ptr, i64, i64, i64, f32, ptr],
-        "grace_natural_encode": [ptr, i64, i64, u32, u32, ptr, ptr],
-        "grace_natural_decode": [ptr, ptr, i64, i64, ptr],
-        "grace_magnitude_buckets": [ptr, i64, i64, f32, ptr, ptr, ptr, ctypes.c_int, ptr],
-        "grace_bucketize_sums": [ptr, i64, i64, ptr, ptr, ptr, ctypes.c_int, ctypes.c_int32, ptr, ptr,
-                                 ptr],
-    }
-    for name, argtypes in signatures.items():
-        fn = getattr(lib, name)
-        fn.argtypes = argtypes
-        fn.restype = (ctypes.c_int64 if name in ("grace_count_above", "grace_scatter_add", "grace_topk",
-                                                  "grace_choose")
-                      else None)
 
 
 def library() -> ctypes.CDLL | None:
@@ -155,12 +134,10 @@ def library() -> ctypes.CDLL | None:
         _error = "disabled by GRACE_NATIVE=0"
         return None
     try:
-        lib = ctypes.CDLL(_build())
-        _declare(lib)
-        _lib = lib
+        _lib = ctypes.CDLL(_build())
     except (OSError, subprocess.CalledProcessError) as e:
         detail = getattr(e, "stderr", "") or str(e)
-        _error = f"could not build {_SOURCE}: {detail.strip()[:500]}"
+        _error = f"could not build {', '.join(sources())}: {detail.strip()[:500]}"
     return _lib
 
 
@@ -219,6 +196,11 @@ def _ranges(n: int) -> list[tuple[int, int]]:
     return [(start, min(step, n - start)) for start in range(0, n, step)] or [(0, 0)]
 
 
+def parts(n: int) -> int:
+    """How many ranges a loop over ``n`` elements runs in (the rows of its partial results)."""
+    return len(_ranges(n))
+
+
 def _block_ranges(n: int, block: int) -> list[tuple[int, int]]:
     """``_ranges(n)`` as whole blocks of ``block`` elements: (first block, number of blocks)."""
     count = -(-n // block)
@@ -258,7 +240,139 @@ def _require() -> ctypes.CDLL:
     return lib
 
 
-# --- the kernels, over numpy arrays (host memory), shared by the torch and TensorFlow adapters -----
+# --- loops declared once, and the one caller of them ------------------------------------------
+class Arg(NamedTuple):
+    """One argument of a C loop: its ctypes type, and its value in one range's call."""
+
+    ctype: object
+    value: Callable[["_Call"], object]
+
+
+class _Call(NamedTuple):
+    """What one range's call of a loop knows."""
+
+    arrays: list
+    outputs: list
+    params: dict
+    key: tuple[int, int]
+    index: int
+    start: int
+    count: int
+    offsets: np.ndarray | None  # a selecting loop's writing pass: where each range writes
+
+
+_I64, _U32, _F32, _PTR = ctypes.c_int64, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p
+INT, INT32 = ctypes.c_int, ctypes.c_int32
+"""The C ``int`` and ``int32_t`` of a ``Param`` (a float by default)."""
+
+
+def In(i: int) -> Arg:  # noqa: N802 (a kind of argument, read in the declarations as one)
+    """The data of the call's ``i``-th input array (``NULL`` for an input given as ``None``)."""
+    return Arg(_PTR, lambda c: None if c.arrays[i] is None else c.arrays[i].ctypes.data)
+
+
+def Out(j: int) -> Arg:  # noqa: N802
+    """The data of the ``j``-th output, which the loop writes at its elements' own positions
+    (``NULL`` for an output given as ``None``: a selecting loop's counting pass)."""
+    return Arg(_PTR, lambda c: None if c.outputs[j] is None else c.outputs[j].ctypes.data)
+
+
+def Row(j: int) -> Arg:  # noqa: N802
+    """This range's row of the ``j``-th output (a partial result per range, reduced by the caller)."""
+    return Arg(_PTR, lambda c: c.outputs[j][c.index].ctypes.data)
+
+
+def Placed(j: int, column: int | None = None) -> Arg:  # noqa: N802
+    """A selecting loop's ``j``-th output: ``NULL`` while it counts, then where this range's
+    selections go, after those of the ranges before it (its counts' ``column``, ``j`` unless
+    given)."""
+    column = j if column is None else column
+    return Arg(_PTR, lambda c: None if c.offsets is None else
+               c.outputs[j].ctypes.data + c.outputs[j].itemsize * int(c.offsets[c.index, column]))
+
+
+def Offset(column: int) -> Arg:  # noqa: N802
+    """How many selections of counts' ``column`` the ranges before this one hold."""
+    return Arg(_I64, lambda c: int(c.offsets[c.index, column]))
+
+
+def Param(name: str, ctype=_F32) -> Arg:  # noqa: N802
+    """The call's parameter ``name``, a plain number."""
+    return Arg(ctype, lambda c: c.params[name])
+
+
+START = Arg(_I64, lambda c: c.start)
+"""The first element (or block) of the range."""
+COUNT = Arg(_I64, lambda c: c.count)
+"""The range's number of elements (or blocks)."""
+KEY = (Arg(_U32, lambda c: c.key[0]), Arg(_U32, lambda c: c.key[1]))
+"""The two words of the seed of a loop that draws (``split_key``)."""
+
+
+class Loop(NamedTuple):
+    """One loop of the C library, declared once: its symbol, its arguments in order (``In``,
+    ``Out``, ``Row``, ``Placed``, ``Param``, ``START``, ``COUNT``, ``KEY``) and what it returns."""
+
+    symbol: str
+    args: tuple
+    restype: object = None
+
+
+_functions: dict[str, Callable] = {}
+
+
+def _function(loop: Loop) -> Callable:
+    """The loaded symbol of ``loop``, its ctypes signature set from the declaration."""
+    fn = _functions.get(loop.symbol)
+    if fn is None:
+        fn = getattr(_require(), loop.symbol)
+        fn.argtypes = [arg.ctype for arg in loop.args]
+        fn.restype = loop.restype
+        _functions[loop.symbol] = fn
+    return fn
+
+
+def run(loop: Loop, n: int, arrays: list, outputs: list, params: dict | None = None,
+        seed: int | None = None, ranges: list | None = None, offsets: np.ndarray | None = None) -> list:
+    """``loop`` over ``[0, n)``, split into ranges (``_ranges``, or ``ranges``) that threads run at
+    once; returns each range's result (the loop's ``restype``)."""
+    fn = _function(loop)
+    params = params or {}
+    key = split_key(seed) if seed is not None else (0, 0)
+    ranges = _ranges(n) if ranges is None else ranges
+    results = [None] * len(ranges)
+
+    def call(index: int, start: int, count: int) -> None:
+        here = _Call(arrays, outputs, params, key, index, start, count, offsets)
+        results[index] = fn(*[arg.value(here) for arg in loop.args])
+
+    _parallel(n, call, ranges)
+    return results
+
+
+def placement(counts: np.ndarray, slack: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Where each range's selections start (``counts``: one row per range, one column per
+    output), each range given ``slack`` spare slots, and each output's total."""
+    offsets = np.zeros_like(counts)
+    offsets[1:] = np.cumsum(counts + slack, axis=0)[:-1]
+    return offsets, counts.sum(0) + slack * len(counts)
+
+
+def select(loop: Loop, n: int, arrays: list, fixed: list, dtypes: list, params: dict | None = None,
+           slack: int = 0) -> tuple[list, np.ndarray]:
+    """A selecting loop over ``[0, n)``, its outputs the ``fixed`` arrays and then one of each of
+    ``dtypes`` (its ``Placed`` ones), its counts its last ``Row``: each range counts its selections
+    (the outputs ``NULL``), then writes them after those of the ranges before it, ``slack`` spare
+    slots a range. Returns the outputs and the counts, one row per range."""
+    counts = np.zeros((parts(n), len(dtypes)), np.int64)
+    run(loop, n, arrays, [None] * (len(fixed) + len(dtypes)) + [counts], params)
+    offsets, totals = placement(counts, slack)
+    placed = [_empty(int(total), dtype) for total, dtype in zip(totals, dtypes)]
+    run(loop, n, arrays, fixed + placed + [np.zeros_like(counts)], params, offsets=offsets)
+    return fixed + placed, counts
+
+
+# --- the shared steps' loops, over numpy arrays (host memory), for every adapter ----------------
 # Each allocates its outputs (see _empty) and returns them.
 ALIGNED_BYTES = 1 << 16
 """Outputs from this size on start on 64 bytes (see ``_empty``)."""
@@ -285,13 +399,44 @@ def zeros(n: int, dtype) -> np.ndarray:
     return _empty(n, dtype, np.zeros)
 
 
+def _value(a) -> float:
+    return float(np.reshape(a, -1)[0])
+
+
+UNIFORM = Loop("grace_uniform", (*KEY, START, COUNT, Out(0)))
+QUANTIZE_LEVELS = Loop("grace_quantize_levels", (In(0), START, COUNT, In(1), Param("block", _I64),
+                                                 Param("levels"), *KEY, Param("bits", INT), Out(0)))
+BLOCK_SUMS = Loop("grace_block_sums", (In(0), Param("n", _I64), Param("block", _I64), START, COUNT,
+                                       Param("total", _I64), Out(0)))
+UNPACK_BLOCKS = Loop("grace_unpack_blocks", (In(0), Param("bits", INT), START, COUNT, In(1),
+                                             Param("block", _I64), In(2), Out(0)))
+SIGN_BITS = Loop("grace_sign_bits", (In(0), START, COUNT, Out(0)))
+UNPACK_VALUES = Loop("grace_unpack_values", (In(0), Param("bits", INT), START, COUNT, In(1), Out(0)))
+SUMS = Loop("grace_sums", (In(0), START, COUNT, Row(0)))
+SCALED_SUM = Loop("grace_scaled_sum", (In(0), Param("alpha"), In(1), Param("beta"), START, COUNT,
+                                       Out(0)))
+COUNT_ABOVE = Loop("grace_count_above", (In(0), START, COUNT, Param("threshold")), _I64)
+SELECT_ABOVE = Loop("grace_select_above", (In(0), START, COUNT, Param("threshold"), Placed(0),
+                                           Param("wide", INT)))
+SCATTER_ADD = Loop("grace_scatter_add", (Out(0), Param("n", _I64), In(0), Param("wide", INT), In(1),
+                                         Param("k", _I64)), _I64)
+TOPK = Loop("grace_topk", (In(0), Param("n", _I64), Param("k", _I64), Out(0), Param("wide", INT)), _I64)
+CHOOSE = Loop("grace_choose", (*KEY, Param("n", _I64), Param("m", _I64), Param("complement", INT),
+                               Out(0), Param("wide", INT)), _I64)
+BUCKET_INDEX = Loop("grace_bucket_index", (In(0), Param("count", INT32), Param("shift", INT),
+                                           Out(0), Out(1)))
+
+
+def once(loop: Loop, arrays: list, outputs: list, params: dict | None = None,
+         seed: int | None = None):
+    """``loop`` called once, over everything (a loop that does not split into ranges)."""
+    return run(loop, 1, arrays, outputs, params, seed, ranges=[(0, 1)])[0]
+
+
 def uniform(n: int, seed: int) -> np.ndarray:
     """``n`` float32 draws from [0, 1): ``grace.rng.counter_uniform_bits`` for ``seed``."""
-    lib = _require()
-    k0, k1 = split_key(seed)
     out = _empty(n, np.float32)
-    _parallel(n, lambda _, start, count: lib.grace_uniform(k0, k1, start, count,
-                                                           out.ctypes.data + 4 * start))
+    run(UNIFORM, n, [], [out], seed=seed)
     return out
 
 
@@ -299,106 +444,84 @@ def quantize_levels(x: np.ndarray, divisors: np.ndarray, seed: int, levels: int,
                     block: int) -> np.ndarray:
     """``grace.steps.quantize_levels`` for float32 ``x``, each block of ``block`` elements against its own
     float32 divisor: the packed sign-magnitude codes."""
-    lib = _require()
-    n = x.size
-    k0, k1 = split_key(seed)
-    divisors = np.ascontiguousarray(divisors, np.float32)
-    out = _empty((n * bits + 7) // 8, np.uint8)
-    _parallel(n, lambda _, start, count: lib.grace_quantize_levels(
-        x.ctypes.data, start, count, divisors.ctypes.data, block, float(levels), k0, k1, bits,
-        out.ctypes.data + start * bits // 8))
+    out = _empty((x.size * bits + 7) // 8, np.uint8)
+    run(QUANTIZE_LEVELS, x.size, [x, np.ascontiguousarray(divisors, np.float32)], [out],
+        {"block": block, "levels": float(levels), "bits": bits}, seed)
     return out
 
 
 def block_sums(x: np.ndarray, block: int) -> np.ndarray:
     """Per block of ``block`` elements of float32 ``x``: the count of x >= 0, the float64 sums of
     those and of the others, and the sum of squares, as a (4, blocks) float64 array."""
-    lib = _require()
     n = x.size
     total = -(-n // block)
     out = np.empty((4, total), np.float64)
-    _parallel(n, lambda _, first, count: lib.grace_block_sums(
-        x.ctypes.data, n, block, first, count, total, out.ctypes.data), _block_ranges(n, block))
+    run(BLOCK_SUMS, n, [x], [out], {"n": n, "block": block, "total": total}, ranges=_block_ranges(n, block))
     return out
 
 
 def unpack_blocks(packed: np.ndarray, tables: np.ndarray, bits: int, n: int, block: int) -> np.ndarray:
     """``tables[i // block, code]`` (float32) for each of the ``n`` codes of ``bits`` bits packed."""
-    return _unpack_blocks(packed, tables, None, bits, n, block)
+    return unpack_blocks_onto(packed, tables, None, bits, n, block)
 
 
-def unpack_blocks_onto(packed: np.ndarray, tables: np.ndarray, base: np.ndarray, bits: int, n: int,
+def unpack_blocks_onto(packed: np.ndarray, tables: np.ndarray, base: np.ndarray | None, bits: int, n: int,
                        block: int) -> np.ndarray:
-    """``base + unpack_blocks(...)`` (float32), in one pass."""
-    return _unpack_blocks(packed, tables, np.ascontiguousarray(base, np.float32), bits, n, block)
-
-
-def _unpack_blocks(packed, tables, base, bits, n, block):
-    lib = _require()
-    tables = np.ascontiguousarray(tables, np.float32)
+    """``base + unpack_blocks(...)`` (float32), in one pass (no ``base``: ``unpack_blocks``)."""
     out = _empty(n, np.float32)
-    onto = None if base is None else base.ctypes.data
-    _parallel(n, lambda _, start, count: lib.grace_unpack_blocks(
-        packed.ctypes.data, bits, start, count, tables.ctypes.data, block, onto, out.ctypes.data))
+    base = None if base is None else np.ascontiguousarray(base, np.float32)
+    run(UNPACK_BLOCKS, n, [packed, np.ascontiguousarray(tables, np.float32), base], [out],
+        {"bits": bits, "block": block})
     return out
 
 
 def sign_bits(x: np.ndarray) -> np.ndarray:
     """``grace.steps.sign_bits`` for float32 ``x``: 1 where x >= 0, packed."""
-    lib = _require()
-    n = x.size
-    out = _empty((n + 7) // 8, np.uint8)
-    _parallel(n, lambda _, start, count: lib.grace_sign_bits(
-        x.ctypes.data, start, count, out.ctypes.data + start // 8))
+    out = _empty((x.size + 7) // 8, np.uint8)
+    run(SIGN_BITS, x.size, [x], [out])
     return out
 
 
 def unpack_values(packed: np.ndarray, values: np.ndarray, bits: int, n: int) -> np.ndarray:
     """``values[code]`` (float32 ``values``) for each of the ``n`` codes of ``bits`` bits packed."""
-    lib = _require()
     out = _empty(n, np.float32)
-    _parallel(n, lambda _, start, count: lib.grace_unpack_values(
-        packed.ctypes.data, bits, start, count, values.ctypes.data, out.ctypes.data))
+    run(UNPACK_VALUES, n, [packed, values], [out], {"bits": bits})
     return out
 
 
 def sums(x: np.ndarray) -> tuple[float, float, float]:
     """Float64 sum, float64 sum of squares, and the largest magnitude of float32 ``x``."""
-    lib = _require()
     x = np.ascontiguousarray(x)
-    partial = np.zeros((threads() + 1, 3))
-    used = _parallel(x.size, lambda index, start, count: lib.grace_sums(
-        x.ctypes.data, start, count, partial[index].ctypes.data))
-    if used == 1:  # the common case of a small tensor, without the reductions below
+    partial = np.zeros((parts(x.size), 3))
+    run(SUMS, x.size, [x], [partial])
+    if len(partial) == 1:  # the common case of a small tensor, without the reductions below
         total, squares, top = partial[0].tolist()
         return total, squares, top
-    tops = partial[:used, 2]
+    tops = partial[:, 2]
     top = math.nan if np.isnan(tops).any() else float(tops.max())
-    return float(partial[:used, 0].sum()), float(partial[:used, 1].sum()), top
+    return float(partial[:, 0].sum()), float(partial[:, 1].sum()), top
 
 
 def scaled_sum(*arrays: np.ndarray, alpha: float, beta: float) -> np.ndarray:
     """``a * alpha + b * beta`` in float32 for ``arrays`` = (a, b), or ``b * beta`` for (b,), shaped
     as ``b``."""
-    lib = _require()
     b = arrays[-1]
-    a = arrays[0].ctypes.data if len(arrays) == 2 else None
     out = _empty(b.size, np.float32)
-    _parallel(b.size, lambda _, start, count: lib.grace_scaled_sum(
-        a, alpha, b.ctypes.data, beta, start, count, out.ctypes.data))
+    run(SCALED_SUM, b.size, [arrays[0] if len(arrays) == 2 else None, b], [out],
+        {"alpha": alpha, "beta": beta})
     return out.reshape(b.shape)
 
 
 _BUCKET_INDEXES: dict = {}
 
 
-def _bucket_index(boundaries: np.ndarray, key_bits: int = 16
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def bucket_index(boundaries: np.ndarray, key_bits: int = 16
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Ascending float32 boundaries (with +inf after them), and for each value of a float32's top
     ``key_bits`` bits the range [low, high] that holds the count of boundaries <= any float with
-    those bits; and the shift that takes a float's bits to its key. Built by a C sweep over the keys
-    (about 0.35 ms for 16 bits, 0.1 ms for 14, whose ranges are wider); the last few are kept
-    (u8bit's boundaries never change)."""
+    those bits; and the shift that takes a float's bits to its key: what common.h's ``bucket_of``
+    reads. Built by a C sweep over the keys (about 0.35 ms for 16 bits, 0.1 ms for 14, whose ranges
+    are wider); the last few are kept (u8bit's boundaries never change)."""
     shift = 32 - key_bits
     cache_key = (np.asarray(boundaries, np.float32).tobytes(), shift)
     if cache_key in _BUCKET_INDEXES:
@@ -406,8 +529,7 @@ def _bucket_index(boundaries: np.ndarray, key_bits: int = 16
     # One slot past the end, so that reading boundaries[high] is always in bounds.
     table = np.append(np.asarray(boundaries, np.float32), np.float32(np.inf))
     low, high = np.empty(1 << key_bits, np.int32), np.empty(1 << key_bits, np.int32)
-    _require().grace_bucket_index(table.ctypes.data, len(table) - 1, shift, low.ctypes.data,
-                                  high.ctypes.data)
+    once(BUCKET_INDEX, [table], [low, high], {"count": len(table) - 1, "shift": shift})
     if len(_BUCKET_INDEXES) >= 8:
         _BUCKET_INDEXES.pop(next(iter(_BUCKET_INDEXES)))
     _BUCKET_INDEXES[cache_key] = (table, low, high, shift)
@@ -416,34 +538,22 @@ def _bucket_index(boundaries: np.ndarray, key_bits: int = 16
 
 def indices_at_least(x: np.ndarray, threshold: float, dtype=np.int64) -> np.ndarray:
     """The indices (``dtype``: int32 or int64) of float32 ``x`` with ``|x| >= threshold``, in order."""
-    lib = _require()
-    n, address = x.size, x.ctypes.data
-    wide = int(np.dtype(dtype) == np.int64)
-    itemsize = 8 if wide else 4
-    ranges = _ranges(n)
-    counts = [0] * len(ranges)
-
-    def count(index, start, size):
-        counts[index] = lib.grace_count_above(address, start, size, threshold)
-
-    _parallel(n, count)
-    # Each range writes from its own offset: the counts before it.
-    offsets = [int(sum(counts[:i])) for i in range(len(ranges))]
-    out = _empty(sum(counts), dtype)
-    _parallel(n, lambda index, start, size: lib.grace_select_above(
-        address, start, size, threshold, out.ctypes.data + itemsize * offsets[index], wide))
+    params = {"threshold": threshold, "wide": int(np.dtype(dtype) == np.int64)}
+    counts = np.array(run(COUNT_ABOVE, x.size, [x], [], params), np.int64)[:, None]
+    offsets, (total,) = placement(counts)
+    out = _empty(int(total), dtype)
+    run(SELECT_ABOVE, x.size, [x], [out], params, offsets=offsets)
     return out
 
 
 def topk_indices(x: np.ndarray, k: int) -> np.ndarray:
     """The ``k`` indices of float32 ``x`` of largest magnitude, ascending, in ``index_dtype``;
     where magnitudes tie at the k-th, the lowest indices (``Ops.topk_indices``)."""
-    lib = _require()
     dtype = np.dtype(index_dtype(x.size))
     if k >= x.size or k <= 0:
         return np.arange(min(max(k, 0), x.size), dtype=dtype)
     out = _empty(k, dtype)
-    if lib.grace_topk(x.ctypes.data, x.size, k, out.ctypes.data, int(dtype == np.int64)) != 0:
+    if once(TOPK, [x], [out], {"n": x.size, "k": k, "wide": int(dtype == np.int64)}) != 0:
         raise MemoryError(f"grace.native.topk_indices: no memory for the candidates of {x.size} elements")
     return out
 
@@ -451,13 +561,11 @@ def topk_indices(x: np.ndarray, k: int) -> np.ndarray:
 def choose_indices(n: int, k: int, seed: int) -> np.ndarray:
     """``grace.rng.reference_indices(n, k, seed)``: ``k`` distinct indices of ``[0, n)``, uniform,
     ascending, in ``index_dtype``."""
-    lib = _require()
     dtype = np.dtype(index_dtype(n))
     out = _empty(k, dtype)
-    k0, k1 = split_key(seed)
     complement = k > n - k  # draw the smaller of the set and what it leaves out
-    status = lib.grace_choose(k0, k1, n, n - k if complement else k, int(complement),
-                              out.ctypes.data, int(dtype == np.int64))
+    status = once(CHOOSE, [], [out], {"n": n, "m": n - k if complement else k,
+                                      "complement": int(complement), "wide": int(dtype == np.int64)}, seed)
     if status == -1:
         raise MemoryError(f"grace.native.choose_indices: no memory for a bitmap of {n} elements")
     if status == -2:
@@ -467,24 +575,17 @@ def choose_indices(n: int, k: int, seed: int) -> np.ndarray:
 
 def count_at_least(x: np.ndarray, threshold: float) -> int:
     """How many elements of float32 ``x`` have ``|x| >= threshold``."""
-    lib = _require()
-    counts = [0] * (threads() + 1)
-
-    def count(index, start, size):
-        counts[index] = lib.grace_count_above(x.ctypes.data, start, size, threshold)
-
-    return sum(counts[:_parallel(x.size, count)])
+    return sum(run(COUNT_ABOVE, x.size, [x], [], {"threshold": threshold}))
 
 
 def scatter_add(n: int, indices: np.ndarray, values: np.ndarray) -> np.ndarray:
     """A float32 array of ``n`` zeros with ``values`` added at ``indices`` (int32 or int64)."""
-    lib = _require()
     indices, values = np.ascontiguousarray(indices), np.ascontiguousarray(values, np.float32)
     if indices.size != values.size:
         raise ValueError(f"scatter_add: {indices.size} indices for {values.size} values")
     out = zeros(n, np.float32)
-    bad = lib.grace_scatter_add(out.ctypes.data, n, indices.ctypes.data,
-                                int(indices.dtype == np.int64), values.ctypes.data, values.size)
+    bad = once(SCATTER_ADD, [indices, values], [out], {"n": n, "wide": int(indices.dtype == np.int64),
+                                                       "k": values.size})
     if bad >= 0:
         raise IndexError(f"scatter_add: index {int(indices[bad])} is out of range for {n} elements")
     return out
@@ -511,130 +612,8 @@ def zero_in_place(x: np.ndarray, indices: np.ndarray, *after: np.ndarray) -> np.
     return out
 
 
-def two_sided(x: np.ndarray, top: np.ndarray, bottom: np.ndarray):
-    """AdaQ's selection: the indices (int64, in order) of ``x >= top`` among the positive elements
-    and of ``x <= bottom`` among the negative ones, and their float64 sums and counts."""
-    lib = _require()
-    n, address = x.size, x.ctypes.data
-    t, b = _value(top), _value(bottom)
-    ranges = _ranges(n)
-    counts = np.zeros((len(ranges), 2), np.int64)
-    _parallel(n, lambda index, start, size: lib.grace_two_sided(
-        address, start, size, t, b, None, None, counts[index].ctypes.data))
-    offsets = np.zeros((len(ranges), 2), np.int64)
-    offsets[1:] = np.cumsum(counts + 1, axis=0)[:-1]
-    total = counts.sum(0) + len(ranges)
-    high, low = _empty(int(total[0]), np.int64), _empty(int(total[1]), np.int64)
-    scratch = np.zeros((len(ranges), 2), np.int64)
-    _parallel(n, lambda index, start, size: lib.grace_two_sided(
-        address, start, size, t, b, high.ctypes.data + 8 * int(offsets[index, 0]),
-        low.ctypes.data + 8 * int(offsets[index, 1]), scratch[index].ctypes.data))
-    pick = [np.concatenate([out[o:o + c] for o, c in zip(offsets[:, j], counts[:, j])])
-            for j, out in enumerate((high, low))]
-    # The sums run over the few selected elements only, in index order.
-    sums = np.array([x[i].sum(dtype=np.float64) for i in pick])
-    return pick[0], pick[1], sums, counts.sum(0).astype(np.float64)
-
-
-def inceptionn_encode(x: np.ndarray, inverse: np.ndarray):
-    """INCEPTIONN's tags (2 bits, packed) and class members (int8 and int16 steps, float32 values)
-    for float32 ``x`` with ``steps = rint(x * inverse)``."""
-    lib = _require()
-    n, address = x.size, x.ctypes.data
-    inv = _value(inverse)
-    ranges = _ranges(n)
-    counts = np.zeros((len(ranges), 3), np.int64)
-    _parallel(n, lambda index, start, size: lib.grace_inceptionn_encode(
-        address, start, size, inv, None, None, None, None, counts[index].ctypes.data))
-    offsets = np.zeros((len(ranges), 3), np.int64)
-    offsets[1:] = np.cumsum(counts, axis=0)[:-1]
-    total = counts.sum(0)
-    tags = _empty((n + 3) // 4, np.uint8)
-    small, medium = _empty(int(total[0]), np.int8), _empty(int(total[1]), np.int16)
-    large = _empty(int(total[2]), np.float32)
-    scratch = np.zeros((len(ranges), 3), np.int64)
-    _parallel(n, lambda index, start, size: lib.grace_inceptionn_encode(
-        address, start, size, inv, tags.ctypes.data + start // 4,
-        small.ctypes.data + int(offsets[index, 0]), medium.ctypes.data + 2 * int(offsets[index, 1]),
-        large.ctypes.data + 4 * int(offsets[index, 2]), scratch[index].ctypes.data))
-    return tags, small, medium, large
-
-
-def inceptionn_decode(tags: np.ndarray, small: np.ndarray, medium: np.ndarray, large: np.ndarray,
-                      error_bound: np.ndarray, n: int) -> np.ndarray:
-    lib = _require()
-    out = _empty(n, np.float32)
-    ranges = _ranges(n)
-    counts = np.zeros((len(ranges), 3), np.int64)
-    _parallel(n, lambda index, start, size: lib.grace_count_tags(
-        tags.ctypes.data, start, size, counts[index].ctypes.data))
-    offsets = np.zeros((len(ranges), 3), np.int64)
-    offsets[1:] = np.cumsum(counts, axis=0)[:-1]
-    tagged, members = tuple(int(c) for c in counts.sum(0)), (small.size, medium.size, large.size)
-    if tagged != members:
-        raise ValueError(f"inceptionn payload: its tags count {tagged} members of classes 1, 2, 3, "
-                         f"but it holds {members}")
-    bound = _value(error_bound)
-    _parallel(n, lambda index, start, size: lib.grace_inceptionn_decode(
-        tags.ctypes.data, start, size, small.ctypes.data, medium.ctypes.data, large.ctypes.data,
-        *(int(o) for o in offsets[index]), bound, out.ctypes.data))
-    return out
-
-
-def _value(a) -> float:
-    return float(np.reshape(a, -1)[0])
-
-
-def natural_encode(x: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    lib = _require()
-    n = x.size
-    k0, k1 = split_key(seed)
-    codes, signs = _empty(n, np.uint8), _empty((n + 7) // 8, np.uint8)
-    _parallel(n, lambda _, start, count: lib.grace_natural_encode(
-        x.ctypes.data, start, count, k0, k1, codes.ctypes.data, signs.ctypes.data + start // 8))
-    return codes, signs
-
-
-def natural_decode(codes: np.ndarray, signs: np.ndarray) -> np.ndarray:
-    lib = _require()
-    n = codes.size
-    out = _empty(n, np.float32)
-    _parallel(n, lambda _, start, count: lib.grace_natural_decode(
-        codes.ctypes.data, signs.ctypes.data, start, count, out.ctypes.data))
-    return out
-
-
-def magnitude_buckets(x: np.ndarray, divisor: np.ndarray, boundaries: np.ndarray) -> np.ndarray:
-    """For float32 ``x``: how many ``boundaries`` are <= ``|x| / divisor``, plus 128 where x < 0."""
-    lib = _require()
-    n = x.size
-    table, low, high, shift = _bucket_index(boundaries)
-    out = _empty(n, np.uint8)
-    d = _value(divisor)
-    _parallel(n, lambda _, start, count: lib.grace_magnitude_buckets(
-        x.ctypes.data, start, count, d, table.ctypes.data, low.ctypes.data, high.ctypes.data, shift,
-        out.ctypes.data))
-    return out
-
-
-def bucketize_sums(x: np.ndarray, boundaries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For float32 ``x``: each element's bucket (how many of at most 255 ``boundaries`` are <= it)
-    as a byte, and per bucket the float64 sum and count of its elements."""
-    lib = _require()
-    n = x.size
-    table, low, high, shift = _bucket_index(boundaries, 16 if n >= 1 << 17 else 14)
-    ids = _empty(n, np.uint8)
-    buckets = len(table)
-    parts = len(_ranges(n))
-    sums, counts = np.zeros((parts, buckets)), np.zeros((parts, buckets))
-    _parallel(n, lambda index, start, count: lib.grace_bucketize_sums(
-        x.ctypes.data, start, count, table.ctypes.data, low.ctypes.data, high.ctypes.data, shift, buckets,
-        ids.ctypes.data, sums[index].ctypes.data, counts[index].ctypes.data))
-    return ids, sums.sum(0), counts.sum(0)
-
-
 class Kernel(NamedTuple):
-    """One loop of ``kernels.c`` as ``grace.kernels`` runs it in place of a composite step."""
+    """A loop as ``grace.kernels`` runs it in place of the composite step of the same name."""
 
     loop: Callable
     """The loop over numpy arrays: the inputs, then the seed where it draws random numbers, then
@@ -648,7 +627,7 @@ class Kernel(NamedTuple):
     input's dtype (float32, or uint8 for a decoder), which the policy checks."""
 
 
-def _float32(*positions: int) -> Callable:
+def float32_at(*positions: int) -> Callable:
     """An ``accepts`` for loops that read the inputs at ``positions`` as float32."""
     return lambda dtypes, **params: all(dtypes[i] == "float32" for i in positions)
 
@@ -666,40 +645,33 @@ KERNELS: dict[str, Kernel] = {
     "quantize_levels": Kernel(quantize_levels, lambda x, divisors, levels, bits, block: [
         ("uint8", ((x[0] * bits + 7) // 8,))], lambda dtypes, bits, **params: bits <= MAX_CODE_BITS),
     "block_sums": Kernel(block_sums, lambda x, block: [("float64", (4, -(-x[0] // block)))],
-                         _float32(0)),
+                         float32_at(0)),
     "unpack_blocks": Kernel(unpack_blocks, lambda packed, tables, bits, n, block: [("float32", (n,))],
                             _whole_codes),
     "unpack_blocks_onto": Kernel(unpack_blocks_onto,
                                  lambda packed, tables, base, bits, n, block: [("float32", (n,))],
                                  lambda dtypes, bits, **params: _whole_codes(dtypes, bits)
                                  and dtypes[2] == "float32"),
-    "sign_bits": Kernel(sign_bits, lambda x: [("uint8", ((x[0] + 7) // 8,))], _float32(0)),
+    "sign_bits": Kernel(sign_bits, lambda x: [("uint8", ((x[0] + 7) // 8,))], float32_at(0)),
     "unpack_values": Kernel(unpack_values, lambda packed, values, bits, n: [("float32", (n,))],
                             lambda dtypes, bits, **params: bits <= MAX_CODE_BITS
                             and dtypes[1] == "float32"),
     "scaled_sum": Kernel(scaled_sum, lambda *shapes, alpha, beta: [("float32", shapes[-1])],
                          lambda dtypes, **params: all(d == "float32" for d in dtypes)),
-    "natural_encode": Kernel(natural_encode, lambda x: [("uint8", x), ("uint8", ((x[0] + 7) // 8,))],
-                             _float32(0)),
-    "natural_decode": Kernel(natural_decode, lambda codes, signs: [("float32", codes)]),
-    "magnitude_buckets": Kernel(magnitude_buckets, lambda x, divisor, boundaries: [("uint8", x)],
-                                _float32(0, 1, 2)),
-    "two_sided": Kernel(two_sided, lambda x, top, bottom: [
-        ("int64", (None,)), ("int64", (None,)), ("float64", (2,)), ("float64", (2,))], _float32(0, 1, 2)),
-    "inceptionn_encode": Kernel(inceptionn_encode, lambda x, inverse: [
-        ("uint8", ((x[0] + 3) // 4,)), ("int8", (None,)), ("int16", (None,)), ("float32", (None,))],
-        _float32(0)),
-    "inceptionn_decode": Kernel(inceptionn_decode, lambda *shapes, n: [("float32", (n,))],
-                                _float32(3, 4)),
-    "exact_top_k": Kernel(topk_indices, _top_k_outputs, _float32(0)),
+    "exact_top_k": Kernel(topk_indices, _top_k_outputs, float32_at(0)),
     # DGC's selection is the exact top-k too: its random sample only speeds the composite code up.
-    "sampled_top_k": Kernel(lambda x, seed, k, m: topk_indices(x, k), _top_k_outputs, _float32(0)),
-    "bucketize_sums": Kernel(bucketize_sums, lambda x, boundaries: [
-        ("uint8", x), ("float64", (boundaries[0] + 1,)), ("float64", (boundaries[0] + 1,))],
-        _float32(0, 1)),
+    "sampled_top_k": Kernel(lambda x, seed, k, m: topk_indices(x, k), _top_k_outputs, float32_at(0)),
 }
 """The loops ``grace.kernels`` may run in place of the composite steps named alike: the protocol's
-shared steps (``grace.steps``) and single algorithms' encoders and decoders."""
+shared steps (``grace.steps``) here, and single algorithms' encoders and decoders, which each
+compressor's module adds (``register``) beside its own C file."""
+
+
+def register(name: str, kernel: Kernel) -> None:
+    """Add a compressor's own loop to ``KERNELS`` (before the ``@accelerated(name)`` that names it)."""
+    if name in KERNELS and KERNELS[name] != kernel:
+        raise ValueError(f"grace.native: a kernel named {name!r} is registered already")
+    KERNELS[name] = kernel
 
 
 def run_kernel(kernel: str, arrays: list, seed: int | None = None, **params):
