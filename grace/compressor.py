@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
@@ -83,6 +84,32 @@ def numel_of(shape: tuple[int, ...]) -> int:
 def compute_dtype(dtype: str) -> str:
     """Arithmetic on 16-bit gradients runs in float32; the payload keeps the gradient's dtype."""
     return "float32" if dtype in ("float16", "bfloat16") else dtype
+
+
+RENAMED_PARAMS = {"bucket_size": "block_size"}
+"""Compressor parameters that were renamed: former name -> name. The former is still taken, with a
+warning once per process (``renamed``), and a checkpoint whose configuration reads with it still
+loads (``Pipeline.load_state_dict``)."""
+
+_warned_renamed: set[str] = set()
+
+
+def renamed(new: str, value: Any, former: Any, unset: Any) -> Any:
+    """The value of the parameter ``new``, which may have been given by its former name
+    (``former``, ``None`` where it was not): the former value, with a ``FutureWarning`` the first
+    time; both given with different values is an error naming both. ``unset``: ``new``'s default."""
+    old = next(key for key, value_ in RENAMED_PARAMS.items() if value_ == new)
+    if former is None:
+        return value
+    if value != unset and value != former:
+        raise ValueError(f"{new}={value!r} and its former name {old}={former!r} are both given; "
+                         f"give {new} only")
+    if old not in _warned_renamed:
+        _warned_renamed.add(old)
+        warnings.warn(f"grace: the parameter {old} is now called {new} (the blocks of consecutive "
+                      f"elements that share a scale; a bucket is the tensors that travel together): "
+                      f"{old}={former!r} is taken as {new}={former!r}", FutureWarning, stacklevel=3)
+    return former
 
 
 class Compressor(ABC):

@@ -14,7 +14,7 @@ from grace.communicator import Communicator
 from grace.communicators.allgather import Allgather
 from grace.communicators.allreduce import Allreduce
 from grace.communicators.alltoall import ShardCodec, keeps_residual
-from grace.compressor import Compressor, Context, numel_of
+from grace.compressor import RENAMED_PARAMS, Compressor, Context, numel_of
 from grace.compressors.none import NoneCompressor
 from grace.exchange import Entry, Exchange
 from grace.memories.none import NoneMemory
@@ -595,7 +595,10 @@ class Pipeline:
     def load_state_dict(self, state: dict[str, Any], ops: Ops | None = None) -> None:
         """Continue from ``state_dict()``'s result. ``ops`` is the adapter to hold the values (needed
         for TensorFlow, whose state lives in variables; others keep the values as given)."""
-        if state.get("config") != repr(self):
+        saved = str(state.get("config"))
+        for former, name in RENAMED_PARAMS.items():  # a checkpoint from before a parameter's rename
+            saved = saved.replace(f"{former}=", f"{name}=")
+        if saved != repr(self):
             raise ValueError(f"this compression state was saved by {state.get('config')}, not by "
                              f"{self!r}: build the same pipeline before loading it")
         parts = (("compressor", self.compressor.state()), ("memory", self.memory.state()),

@@ -109,14 +109,14 @@ def onebit_with_residual(bucket=512):
     return compress
 
 
-def twobit_quantize(threshold=1.0, relative=True, bucket_size=None):
+def twobit_quantize(threshold=1.0, relative=True, block_size=None):
     """Two-bit quantization of a flat float32 array (MXNet's 2bit, Strom 2015): each element
     becomes +t at or above t, -t at or below -t, else 0; ``t`` is ``threshold``, times the root mean
-    square of the element's block of ``bucket_size`` consecutive elements (0: the whole array; by
+    square of the element's block of ``block_size`` consecutive elements (0: the whole array; by
     default 512) where ``relative``. In float32, as the compressor quantizes (root mean squares in
     float64)."""
-    if bucket_size is None:  # the compressor's default: blocks of 512 where the threshold is relative
-        bucket_size = 512 if relative else 0
+    if block_size is None:  # the compressor's default: blocks of 512 where the threshold is relative
+        block_size = 512 if relative else 0
 
     def quantize(c):
         t = np.float32(threshold)
@@ -127,16 +127,16 @@ def twobit_quantize(threshold=1.0, relative=True, bucket_size=None):
 
     def encode(flat):
         flat = flat.astype(np.float32)
-        size = flat.size if bucket_size == 0 else bucket_size
+        size = flat.size if block_size == 0 else block_size
         return np.concatenate([quantize(flat[i:i + size]) for i in range(0, flat.size, size)])
     return encode
 
 
-def twobit_with_residual(threshold=1.0, relative=True, bucket_size=None):
+def twobit_with_residual(threshold=1.0, relative=True, block_size=None):
     """Two-bit quantization (``twobit_quantize``) with error feedback: the rest of (gradient +
     residual) is the new residual."""
     residuals = {}
-    encode = twobit_quantize(threshold, relative, bucket_size)
+    encode = twobit_quantize(threshold, relative, block_size)
 
     def compress(name, rank, step, g):
         c = (g + residuals.get((name, rank), 0.0)).astype(np.float32)
@@ -272,10 +272,10 @@ def two_stage_topk(ratio, workers, owner_ratio=None):
     return two_stage(workers, keep_top(ratio), keep_top(owner_ratio))
 
 
-def two_stage_twobit(workers, threshold=1.0, bucket_size=512):
-    """Two-bit through the owners: each side quantizes its shard in blocks of ``bucket_size``
+def two_stage_twobit(workers, threshold=1.0, block_size=512):
+    """Two-bit through the owners: each side quantizes its shard in blocks of ``block_size``
     (the workers their compensated shard, the owners their shard's sum plus their residual)."""
-    quantize = twobit_quantize(threshold, True, bucket_size)
+    quantize = twobit_quantize(threshold, True, block_size)
     return two_stage(workers, quantize, quantize)
 
 

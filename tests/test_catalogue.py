@@ -53,7 +53,7 @@ DRAWS = 2000
 def test_qsgd_is_unbiased(tensor):
     x = gaussian(300, 1)
     s = 3
-    mean = mean_of_draws(grace.qsgd(s, bucket_size=0).compressor, x, tensor, DRAWS)
+    mean = mean_of_draws(grace.qsgd(s, block_size=0).compressor, x, tensor, DRAWS)
     # One bucket for the tensor. One element: norm/s times a Bernoulli variable, variance <=
     # (norm/s)^2 / 4.
     bound = 5 * np.linalg.norm(x) / s / 2 / math.sqrt(DRAWS)
@@ -77,7 +77,7 @@ def test_terngrad_is_unbiased_for_the_clipped_gradient(tensor, clip):
 def test_qsgd_is_unbiased_per_bucket(tensor):
     x = gaussian(1300, 6)  # three buckets of 512, the last one ragged
     s = 3
-    mean = mean_of_draws(grace.qsgd(s, bucket_size=512).compressor, x, tensor, DRAWS)
+    mean = mean_of_draws(grace.qsgd(s, block_size=512).compressor, x, tensor, DRAWS)
     # One element: its bucket's norm / s times a Bernoulli variable, variance <= (norm / s)^2 / 4.
     norms = np.repeat([np.linalg.norm(x[i:i + 512]) for i in range(0, 1300, 512)], 512)[:1300]
     assert np.all(np.abs(mean - x) < 5 * norms / s / 2 / math.sqrt(DRAWS))
@@ -233,7 +233,7 @@ def test_onebit_sends_signs_and_two_means_per_bucket(tensor):
         xb, ob = x[b], out[b]
         np.testing.assert_allclose(ob[xb >= 0], xb[xb >= 0].mean(), rtol=1e-5)
         np.testing.assert_allclose(ob[xb < 0], xb[xb < 0].mean(), rtol=1e-5)
-    whole = grace.onebit(bucket_size=0).compressor  # the paper's two means for the whole tensor
+    whole = grace.onebit(block_size=0).compressor  # the paper's two means for the whole tensor
     out = as_numpy(whole.decompress(*whole.compress(tensor(x), "x")))
     np.testing.assert_allclose(out[x >= 0], x[x >= 0].mean(), rtol=1e-5)
     np.testing.assert_allclose(out[x < 0], x[x < 0].mean(), rtol=1e-5)
@@ -245,7 +245,7 @@ def test_efsignsgd_scaled_sign_per_bucket(tensor):
     out = as_numpy(compressor.decompress(*compressor.compress(tensor(x), "x")))
     for b in per_bucket(x):
         np.testing.assert_allclose(out[b], np.where(x[b] >= 0, 1, -1) * np.abs(x[b]).mean(), rtol=1e-5)
-    whole = grace.efsignsgd(bucket_size=0).compressor
+    whole = grace.efsignsgd(block_size=0).compressor
     out = as_numpy(whole.decompress(*whole.compress(tensor(x), "x")))
     np.testing.assert_allclose(out, np.where(x >= 0, 1, -1) * np.abs(x).mean(), rtol=1e-5)
 
@@ -274,37 +274,37 @@ def test_twobit_codes_an_all_zero_tensor_as_zeros(tensor):
 
 
 def test_twobit_relative_threshold_is_a_multiple_of_the_root_mean_square(tensor):
-    """bucket_size=0: one t for the whole tensor."""
+    """block_size=0: one t for the whole tensor."""
     x = gaussian(1000, 5)
-    payload, ctx = grace.twobit(1.5, bucket_size=0).compressor.compress(tensor(x), "w")
+    payload, ctx = grace.twobit(1.5, block_size=0).compressor.compress(tensor(x), "w")
     t = 1.5 * float(np.sqrt(np.mean(x.astype(np.float64) ** 2)))
     assert as_numpy(payload[0])[0] == pytest.approx(t, rel=1e-6)
-    out = as_numpy(grace.twobit(1.5, bucket_size=0).compressor.decompress(payload, ctx))
+    out = as_numpy(grace.twobit(1.5, block_size=0).compressor.decompress(payload, ctx))
     far = np.abs(np.abs(x) - t) > 1e-5 * t
     expected = np.where(x >= t, t, np.where(x <= -t, -t, 0.0))
     np.testing.assert_allclose(out[far], expected[far], rtol=1e-6)
 
 
-@pytest.mark.parametrize("numel,bucket_size", [(1000, 512), (1000, 300), (7, 4), (512, 512)])
-def test_twobit_relative_threshold_per_bucket_is_each_buckets_root_mean_square(tensor, numel, bucket_size):
+@pytest.mark.parametrize("numel,block_size", [(1000, 512), (1000, 300), (7, 4), (512, 512)])
+def test_twobit_relative_threshold_per_bucket_is_each_buckets_root_mean_square(tensor, numel, block_size):
     """One t per bucket of consecutive elements: threshold x that bucket's root mean square (the
     last bucket's over its own elements, not the padding). Buckets of very different scales, so a
     single t for the tensor would send a different set of elements."""
     x = gaussian(numel, 6) * np.repeat(np.float32([1.0, 100.0, 0.01, 3.0]), -(-numel // 4))[:numel]
-    c = grace.twobit(1.5, bucket_size=bucket_size).compressor
+    c = grace.twobit(1.5, block_size=block_size).compressor
     payload, ctx = c.compress(tensor(x), "w")
     ts, packed = (as_numpy(p) for p in payload)
-    starts = range(0, numel, bucket_size)
-    expected_t = [1.5 * float(np.sqrt(np.mean(x[i:i + bucket_size].astype(np.float64) ** 2))) for i in starts]
+    starts = range(0, numel, block_size)
+    expected_t = [1.5 * float(np.sqrt(np.mean(x[i:i + block_size].astype(np.float64) ** 2))) for i in starts]
     np.testing.assert_allclose(ts, expected_t, rtol=1e-6)
     assert packed.nbytes == math.ceil(numel * 2 / 8)
     assert c.payload_nbytes((numel,), 4) == ts.nbytes + packed.nbytes
     out = as_numpy(c.decompress(payload, ctx))
-    t = np.repeat(np.float32(expected_t), bucket_size)[:numel]
+    t = np.repeat(np.float32(expected_t), block_size)[:numel]
     far = np.abs(np.abs(x) - t) > 1e-5 * t
     expected = np.where(x >= t, t, np.where(x <= -t, -t, 0.0))
     np.testing.assert_allclose(out[far], expected[far], rtol=1e-6)
-    whole = grace.twobit(1.5, bucket_size=0).compressor
+    whole = grace.twobit(1.5, block_size=0).compressor
     one_t = as_numpy(whole.decompress(*whole.compress(tensor(x), "w")))
     assert len(ts) == 1 or not np.array_equal(one_t != 0, out != 0)
 
@@ -336,18 +336,18 @@ def test_twobit_sends_a_float16_threshold_beyond_its_range_as_its_largest_value(
     assert torch.isfinite(out).all() and not out.any()  # nothing reaches t = 2 x 42426
 
 
-def test_twobit_bucket_size_needs_a_relative_threshold():
-    with pytest.raises(ValueError, match=r"bucket_size=512 needs relative=True.*leave bucket_size out"):
-        grace.twobit(0.5, relative=False, bucket_size=512)
-    with pytest.raises(ValueError, match=r"bucket_size must be an int >= 0, got -1"):
-        grace.twobit(bucket_size=-1)
-    assert grace.twobit().compressor.params() == {"threshold": 1.0, "relative": True, "bucket_size": 512}
+def test_twobit_block_size_needs_a_relative_threshold():
+    with pytest.raises(ValueError, match=r"block_size=512 needs relative=True.*leave block_size out"):
+        grace.twobit(0.5, relative=False, block_size=512)
+    with pytest.raises(ValueError, match=r"block_size must be an int >= 0, got -1"):
+        grace.twobit(block_size=-1)
+    assert grace.twobit().compressor.params() == {"threshold": 1.0, "relative": True, "block_size": 512}
     # Buckets of consecutive elements: TensorFlow hands it Keras's kernels in PyTorch's order.
     assert grace.twobit().compressor.layout_sensitive
-    assert not grace.twobit(bucket_size=0).compressor.layout_sensitive
+    assert not grace.twobit(block_size=0).compressor.layout_sensitive
     assert not grace.twobit(0.5, relative=False).compressor.layout_sensitive
     assert grace.twobit(0.5, relative=False).compressor.params() == {"threshold": 0.5, "relative": False}
-    assert grace.twobit(0.5, relative=False).compressor.bucket_size == 0
+    assert grace.twobit(0.5, relative=False).compressor.block_size == 0
 
 
 @pytest.mark.parametrize("threshold", [0, -0.5, float("inf"), float("nan"), "0.5", True])
@@ -432,13 +432,13 @@ def test_bit_counts_of_payloads(tensor, numel):
     assert nbytes(grace.onebit()) == [8 * buckets, math.ceil(numel / 8)]      # two means per bucket
     assert nbytes(grace.terngrad()) == [4, math.ceil(numel * 2 / 8)]
     assert nbytes(grace.twobit()) == [4 * buckets, math.ceil(numel * 2 / 8)]  # relative: a t per bucket
-    assert nbytes(grace.twobit(bucket_size=0)) == [4, math.ceil(numel * 2 / 8)]
+    assert nbytes(grace.twobit(block_size=0)) == [4, math.ceil(numel * 2 / 8)]
     assert nbytes(grace.twobit(0.5, relative=False)) == [math.ceil(numel * 2 / 8)]
     norms = 4 * buckets                                                # one per bucket of 512
     assert nbytes(grace.qsgd(1)) == [norms, math.ceil(numel * 2 / 8)]   # s = 1: 2 bits
     assert nbytes(grace.qsgd(3)) == [norms, math.ceil(numel * 3 / 8)]   # 1 + ceil(log2 4)
     assert nbytes(grace.qsgd(127)) == [norms, numel]                     # 1 + 7 bits
-    assert nbytes(grace.qsgd(3, bucket_size=0)) == [4, math.ceil(numel * 3 / 8)]
+    assert nbytes(grace.qsgd(3, block_size=0)) == [4, math.ceil(numel * 3 / 8)]
     assert nbytes(grace.natural()) == [numel, math.ceil(numel / 8)]  # 8 + 1 bits
     assert nbytes(grace.u8bit()) == [4, numel]
     assert nbytes(grace.sketch(64)) == [64 * 4, numel]
@@ -537,3 +537,31 @@ def test_powersgd_error_feedback_keeps_what_the_local_approximation_leaves_out()
     pipeline = grace.powersgd(rank=1, min_numel=0)
     out = pipeline.reduce(g, "w", InProcessGroup(1).worker(0))
     np.testing.assert_allclose(out + pipeline.memory.residuals["w"], g, atol=1e-5)
+
+
+def test_the_former_bucket_size_is_taken_as_block_size_with_one_warning(monkeypatch):
+    """``bucket_size`` (the quantizers' blocks, before "bucket" came to mean the tensors that travel
+    together only) still works: taken as ``block_size`` with one ``FutureWarning`` a process, by
+    the factories, ``from_params`` (specs in run files) and the classes; both names with different
+    values are an error naming both; a checkpoint saved under the former name loads."""
+    import warnings
+
+    from grace import compressor as base
+
+    monkeypatch.setattr(base, "_warned_renamed", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert grace.qsgd(bucket_size=64).compressor.block_size == 64
+        assert grace.from_params({"compressor": "onebit", "bucket_size": 0}).compressor.block_size == 0
+        assert grace.twobit(bucket_size=32).compressor.params()["block_size"] == 32
+        assert grace.efsignsgd(block_size=512, bucket_size=128).compressor.block_size == 128
+    said = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    assert len(said) == 1 and "bucket_size is now called block_size" in said[0]
+    with pytest.raises(ValueError, match=r"block_size=256 and its former name bucket_size=128"):
+        grace.qsgd(block_size=256, bucket_size=128)
+    old = grace.qsgd(block_size=64)
+    state = old.state_dict()
+    state["config"] = state["config"].replace("block_size=", "bucket_size=")  # as saved before
+    grace.qsgd(block_size=64).load_state_dict(state)
+    with pytest.raises(ValueError, match="this compression state was saved by"):
+        grace.qsgd(block_size=128).load_state_dict(state)

@@ -31,7 +31,7 @@ def roundtrip(pipeline, x):
 
 def buckets_of(compressor, x):
     """The slices of ``x`` that ``compressor`` quantizes with one scale each."""
-    size = x.size if compressor.bucket_size in (0, None) else compressor.bucket_size
+    size = x.size if compressor.block_size in (0, None) else compressor.block_size
     return [slice(i, i + max(size, 1)) for i in range(0, x.size, max(size, 1))]
 
 
@@ -159,12 +159,12 @@ def test_qsgd_bound_over_levels(levels, x):
     assert bound_holds("qsgd", pipeline, x, roundtrip(pipeline, x))
 
 
-@pytest.mark.parametrize("bucket_size", [1, 3, 7, 0])
+@pytest.mark.parametrize("block_size", [1, 3, 7, 0])
 @SETTINGS
 @given(x=hnp.arrays(np.float64, st.integers(1, 300), elements=VALUES))
-def test_twobit_bound_per_bucket(bucket_size, x):
+def test_twobit_bound_per_bucket(block_size, x):
     """Many buckets, ragged last ones among them: ±t of each bucket's own root mean square."""
-    pipeline = grace.twobit(bucket_size=bucket_size)
+    pipeline = grace.twobit(block_size=block_size)
     assert bound_holds("twobit", pipeline, x, roundtrip(pipeline, x))
 
 

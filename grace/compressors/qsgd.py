@@ -7,18 +7,18 @@ import numpy as np
 
 from grace import steps
 from grace.blocks import DEFAULT_BLOCK_SIZE, Blocks
-from grace.compressor import TINY, Compressor, Seeded, Tabled, compute_dtype, numel_of
+from grace.compressor import TINY, Compressor, Seeded, Tabled, compute_dtype, numel_of, renamed
 from grace.validation import check_int
 
 
 class QSGD(Seeded, Tabled, Compressor):
-    """QSGD with ``levels`` = s, in blocks of ``bucket_size`` consecutive elements: each element is
+    """QSGD with ``levels`` = s, in blocks of ``block_size`` consecutive elements: each element is
     sent as its sign and a level in 0..s, chosen by stochastic rounding of ``s * |x| / ||b||_2``
     (rounded up with probability equal to the fraction), where ``b`` is the element's block, plus
     each block's norm. The estimate ``||b|| * sign * level / s`` is unbiased, with a variance of at
     most ``min(d / s², √d / s) ||x||²`` for blocks of d elements. A code takes
     ``1 + ceil(log2(s + 1))`` bits (2 for s = 1), packed; a norm, one value of the gradient's dtype
-    per block. ``bucket_size=0`` uses one block per tensor. One norm for a whole 400,000-element
+    per block. ``block_size=0`` uses one block per tensor. One norm for a whole 400,000-element
     layer makes the estimate ~30x noisier than one per 512 elements (measured: mnist's MLP loses 10
     points of accuracy with one norm per tensor, under 1 with blocks). Alistarh et al., "QSGD:
     Communication-Efficient SGD via Gradient Quantization and Encoding", NeurIPS 2017 (buckets of
@@ -28,17 +28,19 @@ class QSGD(Seeded, Tabled, Compressor):
     layout_sensitive = True  # blocks of consecutive elements
     default_communicator = "allgather"
 
-    def __init__(self, levels: int = 7, bucket_size: int = DEFAULT_BLOCK_SIZE, seed: int = 0):
+    def __init__(self, levels: int = 7, block_size: int = DEFAULT_BLOCK_SIZE, seed: int = 0,
+                 bucket_size: int | None = None):
         self.levels = check_int("levels", levels, minimum=1)
-        self.bucket_size = check_int("bucket_size", bucket_size, minimum=0)
+        block_size = renamed("block_size", block_size, bucket_size, DEFAULT_BLOCK_SIZE)
+        self.block_size = check_int("block_size", block_size, minimum=0)
         self._init_seed(seed)
         self.bits = 1 + math.ceil(math.log2(self.levels + 1))
 
     def params(self):
-        return {"levels": self.levels, "bucket_size": self.bucket_size, "seed": self.seed}
+        return {"levels": self.levels, "block_size": self.block_size, "seed": self.seed}
 
     def blocks(self, numel: int) -> Blocks:
-        return Blocks.of(numel, self.bucket_size)
+        return Blocks.of(numel, self.block_size)
 
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))

@@ -7,7 +7,7 @@ import math
 
 from grace import steps
 from grace.blocks import DEFAULT_BLOCK_SIZE, Blocks
-from grace.compressor import Compressor, Tabled, compute_dtype, numel_of
+from grace.compressor import Compressor, Tabled, compute_dtype, numel_of, renamed
 from grace.compressors.passes import Passes
 from grace.momentum import OwnsMomentum
 from grace.validation import check_int
@@ -171,12 +171,12 @@ class Signum(OwnsMomentum, SignSGD):
 
 
 class EFSignSGD(Tabled, Compressor):
-    """Scaled sign for error-feedback signSGD, in blocks of ``bucket_size`` elements: send
+    """Scaled sign for error-feedback signSGD, in blocks of ``block_size`` elements: send
     ``sign(p)`` (1 bit each) and, per block ``b``, the scale ``||p_b||_1 / |b|``, so the estimate
     is ``(||p_b||_1 / |b|) sign(p)``; its default ``efsignsgd`` memory feeds back the error ``p -
     estimate``, on the velocity where the optimizer has momentum (taken over). One scale per 512
     elements (1/16 bit each) follows the gradient's magnitude across a layer, which one scale per
-    tensor cannot (``bucket_size=0``). Karimireddy et al., "Error Feedback Fixes SignSGD and other
+    tensor cannot (``block_size=0``). Karimireddy et al., "Error Feedback Fixes SignSGD and other
     Gradient Compression Schemes", ICML 2019; Zheng et al., "Communication-Efficient Distributed
     Blockwise Momentum SGD with Error-Feedback", NeurIPS 2019 (blockwise scales)."""
 
@@ -185,15 +185,16 @@ class EFSignSGD(Tabled, Compressor):
     default_memory = "efsignsgd"
     default_communicator = "allgather"
 
-    def __init__(self, bucket_size: int = DEFAULT_BLOCK_SIZE):
-        self.bucket_size = check_int("bucket_size", bucket_size, minimum=0)
+    def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE, bucket_size: int | None = None):
+        block_size = renamed("block_size", block_size, bucket_size, DEFAULT_BLOCK_SIZE)
+        self.block_size = check_int("block_size", block_size, minimum=0)
 
     def params(self):
-        return {"bucket_size": self.bucket_size}
+        return {"block_size": self.block_size}
 
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
-        blocks = Blocks.of(ctx.numel, self.bucket_size)
+        blocks = Blocks.of(ctx.numel, self.block_size)
         _, positive, negative, _ = steps.block_parts(blocks, x, ops)
         lengths = blocks.lengths("float64", ops, like=positive)
         scales = ops.div(ops.sub(positive, negative), lengths)  # the mean magnitude per block
@@ -201,23 +202,23 @@ class EFSignSGD(Tabled, Compressor):
 
     def tables(self, payload, ctx, ops):
         scales, packed = payload
-        blocks = Blocks.of(ctx.numel, self.bucket_size)
+        blocks = Blocks.of(ctx.numel, self.block_size)
         # Each block's two values, -scale and +scale, for the bits 0 (x < 0) and 1.
         signs = ops.reshape(ops.constant([-1.0, 1.0], ctx.dtype, like=packed), (1, 2))
         return packed, 1, ops.mul(blocks.column(scales, ops), signs), blocks.size
 
     def payload_nbytes(self, shape, itemsize):
-        return Blocks.of(numel_of(shape), self.bucket_size).count * itemsize + _bits_nbytes(shape)
+        return Blocks.of(numel_of(shape), self.block_size).count * itemsize + _bits_nbytes(shape)
 
 
 class OneBit(Tabled, Compressor):
-    """1-bit SGD, in blocks of ``bucket_size`` elements: each element is sent as one bit, whether
+    """1-bit SGD, in blocks of ``block_size`` elements: each element is sent as one bit, whether
     it is >= 0, and the receiver replaces it by the mean of its block's non-negative or negative
     elements (both sent, per block); error feedback keeps the quantization error, on the velocity
     where the optimizer has momentum (its default ``momentum`` memory takes it over). The paper
     quantizes per column of each matrix; blocks of 512 do the same for any shape, at 1/8 bit per
     element, where two means for a whole layer lose 1-2.5 points of accuracy on mnist's MLP
-    (``bucket_size=0``). Through the shards' owners an owner sends its shard's sum in
+    (``block_size=0``). Through the shards' owners an owner sends its shard's sum in
     ``owner_bits`` passes (``OWNER_BITS``). Seide et al., "1-Bit Stochastic Gradient Descent and
     its Application to Data-Parallel Distributed Training of Speech DNNs", Interspeech 2014."""
 
@@ -228,13 +229,15 @@ class OneBit(Tabled, Compressor):
 
     owner_bits: int | None = None
 
-    def __init__(self, bucket_size: int = DEFAULT_BLOCK_SIZE, owner_bits: int | None = None):
-        self.bucket_size = check_int("bucket_size", bucket_size, minimum=0)
+    def __init__(self, block_size: int = DEFAULT_BLOCK_SIZE, owner_bits: int | None = None,
+                 bucket_size: int | None = None):
+        block_size = renamed("block_size", block_size, bucket_size, DEFAULT_BLOCK_SIZE)
+        self.block_size = check_int("block_size", block_size, minimum=0)
         self.owner_bits = None if owner_bits is None else check_int("owner_bits", owner_bits, minimum=1)
 
     def params(self):
         # owner_bits only where set: a default 1-bit reads (and checkpoints) as it always has.
-        return {"bucket_size": self.bucket_size} | (
+        return {"block_size": self.block_size} | (
             {} if self.owner_bits is None else {"owner_bits": self.owner_bits})
 
     def owner_codec(self):
@@ -245,7 +248,7 @@ class OneBit(Tabled, Compressor):
 
     def encode(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
-        blocks = Blocks.of(ctx.numel, self.bucket_size)
+        blocks = Blocks.of(ctx.numel, self.block_size)
         count, positive, negative, _ = steps.block_parts(blocks, x, ops)
         rest = ops.sub(blocks.lengths("float64", ops, like=count), count)
         mean_pos = ops.div(positive, ops.maximum(count, 1.0))
@@ -254,7 +257,7 @@ class OneBit(Tabled, Compressor):
 
     def tables(self, payload, ctx, ops):
         means, packed = payload
-        blocks = Blocks.of(ctx.numel, self.bucket_size)
+        blocks = Blocks.of(ctx.numel, self.block_size)
         mean_pos, mean_neg = ops.split(means, [blocks.count, blocks.count])
         # Each block's two values: its negative mean for the bit 0, its non-negative one for 1.
         bit = ops.reshape(ops.greater_equal(ops.constant([0.0, 1.0], "float32", like=packed), 0.5), (1, 2))
@@ -262,4 +265,4 @@ class OneBit(Tabled, Compressor):
         return packed, 1, tables, blocks.size
 
     def payload_nbytes(self, shape, itemsize):
-        return 2 * Blocks.of(numel_of(shape), self.bucket_size).count * itemsize + _bits_nbytes(shape)
+        return 2 * Blocks.of(numel_of(shape), self.block_size).count * itemsize + _bits_nbytes(shape)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from grace.blocks import DEFAULT_BLOCK_SIZE, Blocks
-from grace.compressor import Compressor, Tabled, compute_dtype, numel_of
+from grace.compressor import Compressor, Tabled, compute_dtype, numel_of, renamed
 from grace.validation import check_bool, check_int, check_positive
 
 # The largest finite float16: a larger t is sent as this, and error feedback keeps the rest.
@@ -23,10 +23,10 @@ class TwoBit(Tabled, Compressor):
     velocity: the wrapped optimizer's momentum is taken over (the ``momentum`` memory), since the
     optimizer's momentum acting on error feedback's delayed updates cost 6.7 points on mnist at the
     default threshold (docs/quality.md, "Two-bit quantization"). By default ``threshold`` is a
-    multiple of the root mean square of each block of ``bucket_size`` (512) consecutive elements
+    multiple of the root mean square of each block of ``block_size`` (512) consecutive elements
     of the compensated tensor (``relative=True``; each block's ``t`` is sent, 1/16 of a bit an
     element), so that one setting fits gradients of any size and follows their scale across a
-    layer, as 1-bit SGD's per-column means do; ``bucket_size=0`` takes one ``t`` for the whole
+    layer, as 1-bit SGD's per-column means do; ``block_size=0`` takes one ``t`` for the whole
     tensor, which misses uncompressed accuracy on mnist by 1.1 points over three seeds where
     blocks of 512 stay within 0.5. ``relative=False`` takes ``threshold`` as MXNet does, an
     absolute value for every element (MXNet's default is 0.5), under which small gradients send
@@ -42,25 +42,27 @@ class TwoBit(Tabled, Compressor):
     owners_caution = ("an owner's second two-bit encoding holds most of its shard's sum back in its "
                       "residual, behind the workers' own: a second delay that costs accuracy")
 
-    def __init__(self, threshold: float = 1.0, relative: bool = True, bucket_size: int | None = None):
+    def __init__(self, threshold: float = 1.0, relative: bool = True, block_size: int | None = None,
+                 bucket_size: int | None = None):
         self.threshold = check_positive("threshold", threshold)
         self.relative = check_bool("relative", relative)
-        if bucket_size is None:  # an absolute threshold is one t for every element
-            bucket_size = DEFAULT_BLOCK_SIZE if self.relative else 0
-        self.bucket_size = check_int("bucket_size", bucket_size, minimum=0)
-        if self.bucket_size and not self.relative:
-            raise ValueError(f"bucket_size={self.bucket_size} needs relative=True: an absolute threshold "
-                             "is one t for every element; leave bucket_size out with relative=False")
-        self.layout_sensitive = self.bucket_size > 0  # blocks of consecutive elements: their order counts
+        block_size = renamed("block_size", block_size, bucket_size, None)
+        if block_size is None:  # an absolute threshold is one t for every element
+            block_size = DEFAULT_BLOCK_SIZE if self.relative else 0
+        self.block_size = check_int("block_size", block_size, minimum=0)
+        if self.block_size and not self.relative:
+            raise ValueError(f"block_size={self.block_size} needs relative=True: an absolute threshold "
+                             "is one t for every element; leave block_size out with relative=False")
+        self.layout_sensitive = self.block_size > 0  # blocks of consecutive elements: their order counts
 
     def params(self):
         # An absolute threshold has no blocks: MXNet's reads (and checkpoints) as it always has.
         return {"threshold": self.threshold, "relative": self.relative} | (
-            {"bucket_size": self.bucket_size} if self.relative else {})
+            {"block_size": self.block_size} if self.relative else {})
 
     def blocks(self, numel: int) -> Blocks:
         """The blocks of a tensor of ``numel`` elements that share one ``t``."""
-        return Blocks.of(numel, self.bucket_size)
+        return Blocks.of(numel, self.block_size)
 
     def _thresholds(self, rows, blocks, ctx, ops):
         """Each block's ``t``, as a 1-d tensor of ``rows``' dtype."""
