@@ -242,22 +242,22 @@ def _require() -> ctypes.CDLL:
 
 # --- loops declared once, and the one caller of them ------------------------------------------
 class Arg(NamedTuple):
-    """One argument of a C loop: its ctypes type, and its value in one range's call."""
+    """One argument of a C loop: its ctypes type, and its value in one range's call,
+    ``value(run, index, start, count)`` (``run``: the call's ``_Run``)."""
 
     ctype: object
-    value: Callable[["_Call"], object]
+    value: Callable
 
 
-class _Call(NamedTuple):
-    """What one range's call of a loop knows."""
+class _Run(NamedTuple):
+    """What every range's call of one ``run`` shares, its arrays' addresses read once."""
 
-    arrays: list
-    outputs: list
+    ins: list  # the inputs' data addresses (None for an input given as None)
+    outs: list  # the outputs' data addresses (None for an output given as None)
+    row_bytes: list  # the outputs' first strides (a Row's step)
+    itemsizes: list
     params: dict
     key: tuple[int, int]
-    index: int
-    start: int
-    count: int
     offsets: np.ndarray | None  # a selecting loop's writing pass: where each range writes
 
 
@@ -268,18 +268,18 @@ INT, INT32 = ctypes.c_int, ctypes.c_int32
 
 def In(i: int) -> Arg:  # noqa: N802 (a kind of argument, read in the declarations as one)
     """The data of the call's ``i``-th input array (``NULL`` for an input given as ``None``)."""
-    return Arg(_PTR, lambda c: None if c.arrays[i] is None else c.arrays[i].ctypes.data)
+    return Arg(_PTR, lambda r, index, start, count: r.ins[i])
 
 
 def Out(j: int) -> Arg:  # noqa: N802
     """The data of the ``j``-th output, which the loop writes at its elements' own positions
     (``NULL`` for an output given as ``None``: a selecting loop's counting pass)."""
-    return Arg(_PTR, lambda c: None if c.outputs[j] is None else c.outputs[j].ctypes.data)
+    return Arg(_PTR, lambda r, index, start, count: r.outs[j])
 
 
 def Row(j: int) -> Arg:  # noqa: N802
     """This range's row of the ``j``-th output (a partial result per range, reduced by the caller)."""
-    return Arg(_PTR, lambda c: c.outputs[j][c.index].ctypes.data)
+    return Arg(_PTR, lambda r, index, start, count: r.outs[j] + index * r.row_bytes[j])
 
 
 def Placed(j: int, column: int | None = None) -> Arg:  # noqa: N802
@@ -287,31 +287,33 @@ def Placed(j: int, column: int | None = None) -> Arg:  # noqa: N802
     selections go, after those of the ranges before it (its counts' ``column``, ``j`` unless
     given)."""
     column = j if column is None else column
-    return Arg(_PTR, lambda c: None if c.offsets is None else
-               c.outputs[j].ctypes.data + c.outputs[j].itemsize * int(c.offsets[c.index, column]))
+    return Arg(_PTR, lambda r, index, start, count: None if r.offsets is None else
+               r.outs[j] + r.itemsizes[j] * int(r.offsets[index, column]))
 
 
 def Offset(column: int) -> Arg:  # noqa: N802
     """How many selections of counts' ``column`` the ranges before this one hold."""
-    return Arg(_I64, lambda c: int(c.offsets[c.index, column]))
+    return Arg(_I64, lambda r, index, start, count: int(r.offsets[index, column]))
 
 
 def Param(name: str, ctype=_F32) -> Arg:  # noqa: N802
     """The call's parameter ``name``, a plain number."""
-    return Arg(ctype, lambda c: c.params[name])
+    return Arg(ctype, lambda r, index, start, count: r.params[name])
 
 
-START = Arg(_I64, lambda c: c.start)
+START = Arg(_I64, lambda r, index, start, count: start)
 """The first element (or block) of the range."""
-COUNT = Arg(_I64, lambda c: c.count)
+COUNT = Arg(_I64, lambda r, index, start, count: count)
 """The range's number of elements (or blocks)."""
-KEY = (Arg(_U32, lambda c: c.key[0]), Arg(_U32, lambda c: c.key[1]))
+KEY = (Arg(_U32, lambda r, index, start, count: r.key[0]),
+       Arg(_U32, lambda r, index, start, count: r.key[1]))
 """The two words of the seed of a loop that draws (``split_key``)."""
 
 
 class Loop(NamedTuple):
     """One loop of the C library, declared once: its symbol, its arguments in order (``In``,
-    ``Out``, ``Row``, ``Placed``, ``Param``, ``START``, ``COUNT``, ``KEY``) and what it returns."""
+    ``Out``, ``Row``, ``Placed``, ``Offset``, ``Param``, ``START``, ``COUNT``, ``KEY``) and what it
+    returns."""
 
     symbol: str
     args: tuple
@@ -332,19 +334,27 @@ def _function(loop: Loop) -> Callable:
     return fn
 
 
+def _address(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.__array_interface__["data"][0]
+
+
 def run(loop: Loop, n: int, arrays: list, outputs: list, params: dict | None = None,
         seed: int | None = None, ranges: list | None = None, offsets: np.ndarray | None = None) -> list:
     """``loop`` over ``[0, n)``, split into ranges (``_ranges``, or ``ranges``) that threads run at
     once; returns each range's result (the loop's ``restype``)."""
     fn = _function(loop)
-    params = params or {}
-    key = split_key(seed) if seed is not None else (0, 0)
+    shared = _Run([_address(a) for a in arrays], [_address(o) for o in outputs],
+                  [0 if o is None or o.ndim < 2 else o.strides[0] for o in outputs],
+                  [0 if o is None else o.itemsize for o in outputs], params or {},
+                  split_key(seed) if seed is not None else (0, 0), offsets)
     ranges = _ranges(n) if ranges is None else ranges
+    values = [arg.value for arg in loop.args]
+    if len(ranges) == 1:  # the common case of a tensor of moderate size: no threads
+        return [fn(*[value(shared, 0, *ranges[0]) for value in values])]
     results = [None] * len(ranges)
 
     def call(index: int, start: int, count: int) -> None:
-        here = _Call(arrays, outputs, params, key, index, start, count, offsets)
-        results[index] = fn(*[arg.value(here) for arg in loop.args])
+        results[index] = fn(*[value(shared, index, start, count) for value in values])
 
     _parallel(n, call, ranges)
     return results
