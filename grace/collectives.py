@@ -37,6 +37,11 @@ class Collectives(Protocol):
     def allgather_async(self, tensor: Tensor, name: str) -> Handle:
         """Start concatenating every worker's 1-d ``tensor``, in rank order (lengths may differ)."""
 
+    # Optional: ``fuses_sums``, true where the layer below fuses small allreduces itself and starts
+    # each as soon as its input exists (Horovod's TensorFlow ops in a traced graph): the pipeline
+    # then neither joins a bucket's summed tensors nor packs their payloads into one buffer, which
+    # there only makes the first tensor wait for the last and copies every byte twice
+    # (``sums_fused``).
     # Optional: ``allgather_equal_async(tensor, name)``, ``allgather_async`` where every worker's
     # tensor has the same length, for a layer that must otherwise exchange the lengths first
     # (``frameworks/torch/distributed.py``); the communicators call it where it exists.
@@ -51,6 +56,11 @@ class Collectives(Protocol):
 
     def synchronize(self, handle: Handle) -> Tensor:
         """Wait for an operation and return its result."""
+
+
+def sums_fused(group) -> bool:
+    """Whether ``group``'s allreduces are best issued one per tensor (``fuses_sums``)."""
+    return bool(getattr(group, "fuses_sums", False))
 
 
 class Solo:

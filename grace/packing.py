@@ -33,13 +33,19 @@ class SumLayout:
         return None if self.flag_buffer is None else self.buffers[self.flag_buffer][0]
 
 
-def pack_sums(parts: Sequence[tuple[Key, Tensor]], flag: Tensor | None, ops: Ops
-              ) -> tuple[list[Tensor], SumLayout]:
-    """The buffers to allreduce: ``parts`` joined per dtype, ``flag`` appended to a float one."""
+def pack_sums(parts: Sequence[tuple[Key, Tensor]], flag: Tensor | None, ops: Ops,
+              alone_from: int | None = None) -> tuple[list[Tensor], SumLayout]:
+    """The buffers to allreduce: ``parts`` joined per dtype, ``flag`` appended to a float one;
+    parts of ``alone_from`` bytes or more, where given, each a buffer of its own."""
+    layout, buffers = SumLayout(), []
     by_dtype: dict[str, list[tuple[Key, Tensor]]] = {}
     for key, tensor in parts:
-        by_dtype.setdefault(ops.dtype(tensor), []).append((key, tensor))
-    layout, buffers = SumLayout(), []
+        numel = ops.static_numel(tensor) if alone_from is not None else None
+        if numel is not None and numel * ops.itemsize(ops.dtype(tensor)) >= alone_from:
+            buffers.append(ops.flatten(tensor))
+            layout.buffers.append((ops.dtype(tensor), [(key, ops.numel(tensor))]))
+        else:
+            by_dtype.setdefault(ops.dtype(tensor), []).append((key, tensor))
     floats = [d for d in by_dtype if d in FLOAT_DTYPES]
     flag_dtype = None
     if flag is not None:

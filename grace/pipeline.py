@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 from grace import hierarchy
 from grace.bucketing import DEFAULT_BUCKET_BYTES, bucket_tag
-from grace.collectives import Collectives
+from grace.collectives import Collectives, sums_fused
 from grace.communicator import Communicator
 from grace.communicators.allgather import Allgather
 from grace.communicators.allreduce import Allreduce
@@ -325,7 +325,7 @@ class Pipeline:
     def _start_flat(self, tensors: Sequence[Tensor], names: Sequence[str], group: Collectives,
                     ops: Ops, overwrite: bool = False) -> Exchange:
         tag = bucket_tag(names)
-        entries = self._entries(list(tensors), list(names), ops, overwrite)
+        entries = self._entries(list(tensors), list(names), ops, overwrite, joins=not sums_fused(group))
         for entry in entries:
             self._prepare(entry, group, ops)
         self._vote(entries, tag, group, ops)
@@ -333,13 +333,15 @@ class Pipeline:
         sent = self.rounds.send(live, tag, group, ops, flag_of(entries, ops))
         return Exchange(tag, entries, len(tensors), ops, live, sent)
 
-    def _entries(self, tensors: list, names: list, ops: Ops, overwrite: bool = False) -> list[Entry]:
+    def _entries(self, tensors: list, names: list, ops: Ops, overwrite: bool = False,
+                 joins: bool = True) -> list[Entry]:
         """The units a bucket compresses: each tensor (``granularity="layer"``), or its float
         tensors of one dtype joined into one vector named after the bucket (``"bucket"``, a
-        vector of the pipeline's own, which error feedback may write into)."""
+        vector of the pipeline's own, which error feedback may write into). ``joins=False``
+        (collectives that fuse sums themselves) leaves an element-wise codec's tensors apart."""
         whole = [Entry(name, [i], [ops.shape(t)], t, owned=overwrite)
                  for i, (t, name) in enumerate(zip(tensors, names))]
-        if len(tensors) > 1 and self._joins_alike():
+        if len(tensors) > 1 and joins and self._joins_alike():
             return self._joined_alike(whole, ops)
         if self.granularity == "layer" or len(tensors) == 1:
             return whole

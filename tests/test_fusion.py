@@ -536,3 +536,45 @@ def test_a_memory_written_with_three_arguments_keeps_working_where_gradients_are
                     np.testing.assert_array_equal(a, b)
                 for held, given in zip(after[rank][step], gradients(rank, step)):
                     np.testing.assert_array_equal(held, given)
+
+
+class Fusing(Counting):
+    """Counting collectives that fuse sums themselves (``fuses_sums``: Horovod's TensorFlow ops in
+    a traced graph), with the size of each allreduce recorded."""
+
+    fuses_sums = True
+
+    def allreduce_async(self, t, n):
+        self.calls.append(("allreduce", n, int(np.size(t))))
+        return self.worker.allreduce_async(t, n)
+
+
+@pytest.mark.parametrize("name", ["none", "fp16", "topk"])
+def test_where_the_collectives_fuse_sums_large_parts_travel_alone(name):
+    """Under collectives that fuse sums themselves the pipeline joins no element-wise codec's
+    tensors and allreduces each part of ``ALONE_FROM`` bytes or more alone (it starts as soon as
+    that tensor exists), the smaller ones and the flag joined as before; the results are the
+    joined exchange's, bit for bit."""
+    from grace.communicators.allreduce import ALONE_FROM
+
+    large = ALONE_FROM // 2 + 8  # elements: above the bound in float16 as in float32
+    shapes = [(large,), (64,), (300, 900), (32,), (5000,)]
+    fused, fused_workers = exchange([grace.build(name) for _ in range(2)], steps=2, recorder=Fusing,
+                                    grads=lambda r, s: gradients(r, s, shapes))
+    joined, _ = exchange([grace.build(name) for _ in range(2)], steps=2,
+                         grads=lambda r, s: gradients(r, s, shapes))
+    for a, b in zip(fused, joined):
+        for step_a, step_b in zip(a, b):
+            for x, y in zip(step_a, step_b):
+                np.testing.assert_array_equal(x, y)
+    sizes = sorted(c[2] for c in fused_workers[0].calls if c[0] == "allreduce")
+    if name == "none":  # per step: the two tensors of 1 MiB or more alone, the rest joined (its
+        # sum carries any NaN itself: no flag)
+        assert sizes == sorted(2 * [large, 300 * 900, 64 + 32 + 5000])
+    if name == "fp16":  # per step: the large one alone (its float16 payload over 1 MiB), the
+        # 300 x 900 one's (540 kB) with the 5,000 and the flag, the biases dense in float32
+        assert sizes == sorted(2 * [large, 300 * 900 + 5000 + 1, 64 + 32])
+    if name == "topk":  # top-k's dense leftovers are small: they stay joined, as without fusion
+        assert [c[:2] for c in fused_workers[0].calls] == [c for c in exchange(
+            [grace.build(name) for _ in range(2)], steps=2,
+            grads=lambda r, s: gradients(r, s, shapes))[1][0].calls]
