@@ -216,6 +216,14 @@ def test_keras_adam_keeps_its_moments_where_keras_changes_the_updates(tf_run, op
         check(tf_run, name, model(10))
 
 
+def test_horovods_ops_fuse_sums_in_a_graph_only(tf_run):
+    """In a traced graph Horovod's TensorFlow ops start each allreduce when its input exists and
+    fuse the ready ones, so the pipeline sends large sums alone there (``fuses_sums``; the
+    pipeline's side is tests/test_fusion.py); eagerly each op is a Python call, and it joins."""
+    info = json.loads((tf_run / "fuses_sums.rank0.json").read_text())
+    assert info["traced"] is True and info["eager"] is False
+
+
 def test_tf1_momentum_is_turned_off_for_randomk(tf_run):
     # (Keras names the tensor dense/kernel and transposes it: random-k's indices would differ from
     # the numpy model's, which draws them for "weight".)

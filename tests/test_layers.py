@@ -65,14 +65,17 @@ def _names_in(node) -> set[str]:
 def test_no_algorithm_calls_a_kernel_or_the_native_library_by_name():
     """By the code's structure, not its text (a docstring may say "native"): no algorithm (a
     compressor's or memory's class) and no composite step (a function marked ``@accelerated``)
-    names the native layer or its runners, and nothing takes from grace.kernels anything but the
-    ``accelerated`` decorator. A compressor module's own loops, declared and registered at module
-    level beside its C file, are the only native code it holds (memories hold none)."""
+    names the native layer, its runners, a name it was imported as, or a module-level function
+    that names them (a compressor's own loop drivers), and nothing takes from grace.kernels
+    anything but the ``accelerated`` decorator. A compressor module's own loops, declared and
+    registered at module level beside its C file, are the only native code it holds (memories
+    hold none)."""
     banned = {"native", "kernels", "run_kernel", "fused", "KERNELS"}
     for path in sorted((ROOT / "grace" / "compressors").glob("*.py")) + sorted(
             (ROOT / "grace" / "memories").glob("*.py")):
         tree = ast.parse(path.read_text())
         has_loops = path.parent.name == "compressors" and path.with_suffix(".c").exists()
+        forbidden = set(banned)
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
                 names = {a.name for a in node.names}
@@ -80,15 +83,19 @@ def test_no_algorithm_calls_a_kernel_or_the_native_library_by_name():
                 if (node.module or "").endswith("kernels"):
                     assert names == {"accelerated"}, (path.name, names)
                 assert not names & (banned - {"native"} if has_loops else banned), path.name
+                forbidden |= {a.asname for a in node.names if a.asname and a.name in banned}
             elif isinstance(node, ast.Import):
                 assert not {a.name for a in node.names if a.name.split(".")[-1] in banned}, path.name
+        # The module's own loop drivers: module-level functions that name the native layer.
+        forbidden |= {node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+                      and _names_in(node) & forbidden}
         for node in tree.body:
             marked = isinstance(node, ast.FunctionDef) and any(
                 "accelerated" in _names_in(d) for d in node.decorator_list)
             if isinstance(node, ast.ClassDef) or marked:
-                assert not _names_in(node) & banned, (path.name, node.name, _names_in(node) & banned)
+                assert not _names_in(node) & forbidden, (path.name, node.name, _names_in(node) & forbidden)
             elif not has_loops:
-                assert not _names_in(node) & banned, (path.name, getattr(node, "name", None))
+                assert not _names_in(node) & forbidden, (path.name, getattr(node, "name", None))
 
 
 def _exported(c_file) -> set[str]:
@@ -96,16 +103,19 @@ def _exported(c_file) -> set[str]:
 
 
 def test_every_loop_is_declared_once_beside_its_c_file():
-    """Each exported C loop is declared (a ``native.Loop`` of its symbol) exactly once, in the
-    Python module beside its C file: the shared steps' in grace/native/__init__.py, a compressor's
-    own in its module (``natural.c`` in ``natural.py``); and the library is built from exactly
-    those files."""
+    """Each exported C loop is declared (a ``native.Loop`` of its symbol, written anywhere in
+    grace/ or frameworks/) exactly once, in the Python module beside its C file: the shared steps'
+    in grace/native/__init__.py, a compressor's own in its module (``natural.c`` in
+    ``natural.py``); and the library is built from exactly those files."""
     declared: dict[str, list[str]] = {}
-    for module in [native, *[importlib.import_module(f"grace.compressors.{c.stem}")
-                             for c in sorted((ROOT / "grace" / "compressors").glob("*.c"))]]:
-        for value in vars(module).values():
-            if isinstance(value, native.Loop):
-                declared.setdefault(value.symbol, []).append(module.__name__)
+    for path in sorted((ROOT / "grace").rglob("*.py")) + sorted((ROOT / "frameworks").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for node in ast.walk(ast.parse(path.read_text())):  # every Loop(...) written anywhere
+            if isinstance(node, ast.Call) and "Loop" in {getattr(node.func, "attr", None),
+                                                         getattr(node.func, "id", None)}:
+                symbol = node.args[0]
+                assert isinstance(symbol, ast.Constant), (module, ast.dump(node)[:80])
+                declared.setdefault(symbol.value, []).append(module)
     sources = [ROOT / "grace" / "native" / "kernels.c", *sorted((ROOT / "grace" / "compressors").glob("*.c"))]
     assert [os.path.realpath(s) for s in native.sources()] == [os.path.realpath(s) for s in sources]
     for source in sources:

@@ -36,8 +36,10 @@ def weights(out, name, rank=0):
 
 def test_randomk_adam_resumes_through_the_optimizers_state_dict(run):
     """Five steps, ``optimizer.state_dict()`` saved, a new model, optimizer and compression loaded
-    from it, five more: the model of ten uninterrupted steps. Without the residuals, the shared
-    second moment and Adam's state for b in the checkpoint the last five steps would differ."""
+    from it, five more: the model of ten uninterrupted steps. Without the residuals, the workers'
+    own second moments, the draws' step counters or Adam's state for b in the checkpoint the last
+    five steps would differ (the shared estimate is rewritten wherever a burst arrives, so it alone
+    would not)."""
     out, _ = run
     check(out, "adam_resume", reference.randomk_adam(0.05, 3, lr=0.01, eps=1e-8))
     import torch
@@ -86,10 +88,12 @@ def test_a_loss_scalers_skipped_step_leaves_randomk_adam_as_if_it_never_came(run
         for mode in ("overflow", "skipped"):
             (said,) = info(out, f"adam_{mode}", rank)["warnings"]
             assert "unscaled" in said and "take_adam_moments=False" in said
-    # The runs trained (two untouched models would match vacuously: b moves by Adam's steps),
-    # and the skip mattered: ten steps without one end elsewhere.
-    _, b0 = reference.init_weights(0)
+    # The runs trained (two untouched models would match vacuously): b by Adam's steps, W by the
+    # wrapper's, each a 1/1,024 of its update there (unscale_ divided them: the warned limit), and
+    # the skip mattered: ten steps without one end elsewhere.
+    w0, b0 = reference.init_weights(0)
     assert np.abs(weights(out, "adam_skipped")[1] - b0).max() > 1e-2
+    assert np.abs(weights(out, "adam_skipped")[0] - w0).max() > 5e-5
     assert np.abs(weights(out, "adam_skipped")[1] - weights(out, "adam_resume")[1]).max() > 1e-4
 
 
@@ -121,3 +125,27 @@ def test_weight_decay_stays_with_the_optimizer_without_momentum(run, name, compr
     check(out, name, reference.simulate(compress(), momentum=DENSE_MOMENTUM, decay=0.05))
     undecayed, _ = reference.simulate(compress(), momentum=DENSE_MOMENTUM)
     assert np.abs(weights(out, name)[0] - undecayed).max() > 1e-3
+
+
+def test_an_unscale_of_a_large_sparse_update_is_seen():
+    """The check behind the warning, on an update of 2 M elements non-zero at 0.1% of them (as
+    random-k's at ratio 0.001): a ``GradScaler``'s fused unscale (which leaves the version counter
+    as it was) and a clip's scaling are both seen, a replaced tensor too, an untouched one not."""
+    import torch
+
+    from frameworks.torch.momentum import _fingerprint, _same
+
+    generator = torch.Generator().manual_seed(0)
+    update = torch.zeros(2_000_000)
+    drawn = torch.randperm(update.numel(), generator=generator)[:2_000]
+    update[drawn] = torch.randn(2_000, generator=generator)
+    given = _fingerprint(update)
+    assert _same(given, _fingerprint(update))
+    version = update._version
+    torch._amp_foreach_non_finite_check_and_unscale_([update], torch.zeros(1), torch.full((1,), 0.5))
+    assert update._version == version  # what the version alone missed
+    assert not _same(given, _fingerprint(update))
+    given = _fingerprint(update)
+    update.mul_(0.9)  # clip_grad_norm_'s scaling
+    assert not _same(given, _fingerprint(update))
+    assert not _same(_fingerprint(update), _fingerprint(update.clone()))

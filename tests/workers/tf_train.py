@@ -401,7 +401,24 @@ scenarios = {
     "tape_function_dgc_warmup": lambda: tape_training(
         "tape_function_dgc_warmup", grace.dgc(0.05, sample_ratio=1.0, warmup_steps=4), True),
 }
+def fuses_sums(name):
+    """Whether grace's Horovod collectives say they fuse sums themselves, eagerly and in a graph."""
+    from frameworks.tensorflow.collectives import HorovodCollectives
+
+    collectives, traced = HorovodCollectives(), []
+
+    @tf.function
+    def probe():
+        traced.append(collectives.fuses_sums)
+        return tf.constant(0)
+
+    probe()
+    w, b = init_weights(0)
+    save(name, w, b, eager=collectives.fuses_sums, traced=traced[0])
+
+
 scenarios.update({
+    "fuses_sums": lambda: fuses_sums("fuses_sums"),
     "keras_tape_horovod_none": lambda: keras_tape("keras_tape_horovod_none",
                                                   lambda: hvd.Compression.none),
     "keras_tape_horovod_fp16": lambda: keras_tape("keras_tape_horovod_fp16",
