@@ -272,6 +272,62 @@ def two_stage_topk(ratio, workers, owner_ratio=None):
     return two_stage(workers, keep_top(ratio), keep_top(owner_ratio))
 
 
+def two_stage_dgc(workers, ratio, momentum=0.9):
+    """DGC through the owners, from its definition: each worker keeps its velocity ``u = momentum
+    * u + g`` and residual ``v = v + u`` of the whole tensor, cuts ``v`` into shards and sends the
+    top ``ratio`` of each (at least 16 entries, as top-k); momentum factor masking zeroes ``u``
+    and ``v`` where entries were sent. Each owner adds the workers' shards and its own residual,
+    sends DGC's own ``ratio`` of that (its ``k``, no more), and keeps the rest."""
+    velocities, residuals, owners = {}, {}, {}
+    select = keep_top(ratio)
+
+    def exchange(name, step, gradients):
+        shape = gradients[0].shape
+        base, extra = divmod(gradients[0].size, workers)
+        bounds = np.cumsum([0] + [base + (1 if j < extra else 0) for j in range(workers)])
+        shards = [slice(bounds[j], bounds[j + 1]) for j in range(workers)]
+        totals = [np.zeros(s.stop - s.start) for s in shards]
+        for rank, g in enumerate(gradients):
+            key = (name, rank)
+            u = momentum * velocities.get(key, 0.0) + g.reshape(-1)
+            v = residuals.get(key, 0.0) + u
+            sent = np.concatenate([select(v[s]) for s in shards])
+            velocities[key] = np.where(sent != 0, 0.0, u)
+            residuals[key] = v - sent
+            for j, s in enumerate(shards):
+                totals[j] = totals[j] + sent[s]
+        out = []
+        for j, total in enumerate(totals):
+            t = total + owners.get((name, j), 0.0)
+            sent = select(t)
+            owners[(name, j)] = t - sent
+            out.append(sent)
+        return np.concatenate(out).reshape(shape)
+    return exchange
+
+
+def u8bit_encode(x):
+    """8-bit approximation of a shard, in float32 as it is computed: each element divided by the
+    shard's largest magnitude goes to the nearest of the table's 128 magnitudes (in the log
+    domain: the count of the boundaries at or below it), with its sign, times that magnitude."""
+    from grace.compressor import TINY
+    from grace.compressors.u8bit import BOUNDARIES, TABLE
+
+    x = np.asarray(x, np.float32)
+    scale = np.abs(x).max() if x.size else np.float32(0)
+    relative = (np.abs(x) / np.maximum(scale, np.float32(TINY))).astype(np.float32)
+    value = TABLE[np.searchsorted(BOUNDARIES, relative, side="right")] * np.float32(scale)
+    return np.where(x < 0, -value, value).astype(np.float32)
+
+
+def two_stage_u8bit(workers):
+    """8-bit through the owners (no memory, so no residual on either side): each worker's shards
+    approximated, each owner's float32 sum of them approximated again."""
+    def owner(total):
+        return u8bit_encode(total.astype(np.float32)).astype(np.float64)
+    return two_stage(workers, lambda x: u8bit_encode(x).astype(np.float64), owner, residuals_kept=False)
+
+
 def two_stage_twobit(workers, threshold=1.0, block_size=512):
     """Two-bit through the owners: each side quantizes its shard in blocks of ``block_size``
     (the workers their compensated shard, the owners their shard's sum plus their residual)."""
