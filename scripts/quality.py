@@ -257,6 +257,45 @@ def seeds_markdown(rows: list[dict]) -> str:
                       "|---|---|---|---|---:|---:|---|"] + lines)
 
 
+PERPLEXITY_TARGET = {1.0: 2.0, 2.0: 5.0, 3.0: 10.0}
+"""The perplexity workloads' targets (% above fp32's) for each accuracy target (points)."""
+SAFETY_CASES = (("mnist", "sgd", "mnist MLP, SGD"), ("mnist", "adam", "mnist MLP, Adam"),
+                ("cnn", "sgd", "CNN, SGD"), ("cnn", "adam", "CNN, Adam"),
+                ("lstm", "sgd", "char LSTM, SGD"), ("words", "sgd", "words, SGD"))
+
+
+def safety_markdown(rows: list[dict], names: list[str]) -> str:
+    """Which models and optimizers each compressor (at its defaults: ``names``) meets its target
+    on, PyTorch / TensorFlow: ✓, or ✗ with the mean gap (points below fp32; % of perplexity
+    above), over every seed run; – not run; ? run without fp32 of the same code to compare."""
+    gaps: dict = {}
+    for r in rows:
+        if r["framework"] in ("torch", "tf") and r["compressor"] in names:
+            key = (r["compressor"], r["workload"], r["optimizer"], r["framework"])
+            gaps.setdefault(key, [])
+            if r.get("gap") is not None:
+                gaps[key].append(r["gap"])
+
+    def cell(name: str, workload: str, optimizer: str, framework: str) -> str:
+        found = gaps.get((name, workload, optimizer, framework))
+        if found is None:
+            return "–"
+        if not found:
+            return "?"
+        mean = sum(found) / len(found)
+        target = TARGET_POINTS.get(name, DEFAULT_TARGET)
+        if not is_accuracy(workload):
+            target = PERPLEXITY_TARGET[target]
+        return "✓" if mean <= target else f"✗ {mean:+.1f}{'' if is_accuracy(workload) else '%'}"
+
+    lines = ["| compressor | " + " | ".join(label for _, _, label in SAFETY_CASES) + " |",
+             "|---|" + "---|" * len(SAFETY_CASES)]
+    for name in names:
+        lines.append(f"| {name} | " + " | ".join(
+            f"{cell(name, w, o, 'torch')} / {cell(name, w, o, 'tf')}" for w, o, _ in SAFETY_CASES) + " |")
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict]) -> str:
     seeds = seeds_markdown(rows)
     rows = [r for r in rows if r.get("seed", 0) == 0]  # the main tables and plots: seed 0
@@ -423,6 +462,11 @@ def write(results: list[dict], out: str) -> list[dict]:
         f.write(report + "\n")
     with open(os.path.join(out, "quality_summary.json"), "w") as f:
         json.dump(rows, f, indent=1)
+    import grace
+
+    # docs/catalogue.md's "Where each is measured safe" (made from docs/quality/runs/).
+    with open(os.path.join(out, "safety.md"), "w") as f:
+        f.write(safety_markdown(rows, grace.available()) + "\n")
     plot(rows, os.path.join(out, "quality.png"))
     print("\n" + report)
     return rows
