@@ -73,15 +73,21 @@ def code_version() -> str | None:
         return None
 
 
+def passes(run: dict) -> int:
+    """How many epochs (evaluations) a run recorded: its length, which a set-up includes."""
+    return len(run.get("epochs") or [])
+
+
 def merge(runs_per_file: list[list[dict]]) -> list[dict]:
-    """One run per set-up (workload, optimizer, framework, compression, seed): the one finished
-    last by its recorded date (``finished``); runs recorded before dates were (none) count as
-    older than any dated run, and among them the later file wins."""
+    """One run per set-up (workload, optimizer, framework, compression, seed, length): the one
+    finished last by its recorded date (``finished``); runs recorded before dates were (none)
+    count as older than any dated run, and among them the later file wins. A run of another
+    length (``--epochs``) is another set-up: it shadows none."""
     merged: dict = {}
     for runs in runs_per_file:
         for r in runs:
             key = (r["workload"], r.get("optimizer", "sgd"), r["framework"], r["compression"],
-                   r.get("seed", 0), r.get("optimizer_momentum"))
+                   r.get("seed", 0), r.get("optimizer_momentum"), passes(r))
             if key not in merged or r.get("finished", "") >= merged[key].get("finished", ""):
                 merged[key] = r
     return list(merged.values())
@@ -195,14 +201,15 @@ def _time_to(row: dict, target: float) -> float | None:
 
 
 def summarize(results: list[dict]) -> list[dict]:
-    """One row per run with its gap to fp32 (same framework, workload, optimizer and seed) of the
-    same code: a run recorded with another commit than fp32's (runs before commits were recorded
-    count as one unknown version) gets no gap, since fp32 itself moves when the code does."""
-    baseline = {(r["workload"], r.get("optimizer", "sgd"), r["framework"], r.get("seed", 0)):
+    """One row per run with its gap to fp32 (same framework, workload, optimizer, seed and length)
+    of the same code: a run recorded with another commit than fp32's (runs before commits were
+    recorded count as one unknown version) gets no gap, since fp32 itself moves when the code
+    does."""
+    baseline = {(r["workload"], r.get("optimizer", "sgd"), r["framework"], r.get("seed", 0), passes(r)):
                 (_final(r), r.get("commit")) for r in results if r["compression"] == "fp32"}
     rows = []
     for r in results:
-        case = (r["workload"], r.get("optimizer", "sgd"), r["framework"], r.get("seed", 0))
+        case = (r["workload"], r.get("optimizer", "sgd"), r["framework"], r.get("seed", 0), passes(r))
         name = compressor_of(r["compression"])
         ref, ref_commit = baseline.get(case, (None, None))
         final = _final(r)
@@ -210,7 +217,7 @@ def summarize(results: list[dict]) -> list[dict]:
             ref = None
         row = {"workload": r["workload"], "optimizer": case[1], "framework": r["framework"],
                "compressor": compare.label(r["compression"]), "lr": r.get("lr"), "seed": case[3],
-               "status": r.get("status"), "final": final}
+               "status": r.get("status"), "final": final, "passes": case[4]}
         if r.get("optimizer_momentum") is not None:
             row["optimizer_momentum"] = r["optimizer_momentum"]
             row["horovod_twin"] = horovod_twin(r["compression"])
@@ -228,6 +235,20 @@ def summarize(results: list[dict]) -> list[dict]:
             row["curve"] = [e[compare.METRIC[r["workload"]][0]] for e in r["epochs"]]
         rows.append(row)
     return rows
+
+
+def at_benchmark_length(rows: list[dict]) -> list[dict]:
+    """The rows of runs of their case's usual length (the one most of its framework's runs of
+    that workload and optimizer have): the tables compare like with like; longer runs, made to
+    follow a case further, stay in the summary."""
+    counts: dict = {}
+    for r in rows:
+        case = (r["workload"], r["optimizer"], r["framework"])
+        counts.setdefault(case, {}).setdefault(r.get("passes", 0), 0)
+        counts[case][r.get("passes", 0)] += 1
+    usual = {case: max(lengths, key=lambda n: (lengths[n], -n)) for case, lengths in counts.items()}
+    return [r for r in rows
+            if r.get("passes", 0) == usual[(r["workload"], r["optimizer"], r["framework"])]]
 
 
 def seeds_markdown(rows: list[dict]) -> str:
@@ -269,7 +290,7 @@ def safety_markdown(rows: list[dict], names: list[str]) -> str:
     on, PyTorch / TensorFlow: ✓, or ✗ with the mean gap (points below fp32; % of perplexity
     above), over every seed run; – not run; ? run without fp32 of the same code to compare."""
     gaps: dict = {}
-    for r in rows:
+    for r in at_benchmark_length(rows):
         if r["framework"] in ("torch", "tf") and r["compressor"] in names:
             key = (r["compressor"], r["workload"], r["optimizer"], r["framework"])
             gaps.setdefault(key, [])
@@ -297,6 +318,7 @@ def safety_markdown(rows: list[dict], names: list[str]) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
+    rows = at_benchmark_length(rows)
     seeds = seeds_markdown(rows)
     rows = [r for r in rows if r.get("seed", 0) == 0]  # the main tables and plots: seed 0
     lines = []
@@ -411,7 +433,7 @@ def plot(rows: list[dict], path: str) -> str | None:
     import matplotlib.pyplot as plt
 
     made = None
-    rows = [r for r in rows if r.get("seed", 0) == 0]
+    rows = [r for r in at_benchmark_length(rows) if r.get("seed", 0) == 0]
     for workload in dict.fromkeys(r["workload"] for r in rows):
         ok = [r for r in rows if r["workload"] == workload and r.get("curve")]
         names = list(dict.fromkeys(r["compressor"] for r in ok))

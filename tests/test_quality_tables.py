@@ -162,3 +162,20 @@ def test_a_safety_cell_is_the_mean_over_seeds_against_the_cases_target():
     table = quality.safety_markdown(rows, ["topk", "signsgd"]).splitlines()
     assert table[2] == "| topk | ✓ / ✗ +1.2 | – / – | – / – | – / – | ✗ +2.5% / – | – / – |"
     assert table[3] == "| signsgd | – / – | – / – | – / – | – / – | ✓ / – | – / ? |"
+
+
+def test_a_run_of_another_length_is_another_set_up():
+    """A run made longer (``--epochs``) neither shadows the benchmark's run of the same set-up in
+    the merge nor is compared with fp32 of another length; the tables show the usual length."""
+    short_fp32, short = run("fp32", 0, 0.885), run(ONEBIT, 0, 0.869)
+    long_fp32, long = (dict(r, epochs=r["epochs"] * 3)
+                       for r in (run("fp32", 0, 0.890), run(ONEBIT, 0, 0.888)))
+    merged = quality.merge([[short_fp32, short, long]])
+    assert len(merged) == 3  # the long one-bit run beside the short one
+    rows = quality.summarize(merged)
+    by_length = {(r["compressor"], r["passes"]): r for r in rows}
+    assert by_length[("onebit", 2)]["gap"] == pytest.approx(1.6)
+    assert "gap" not in by_length[("onebit", 6)]  # no fp32 of 6 passes to compare with
+    rows = quality.summarize(quality.merge([[short_fp32, short, long, long_fp32]]))
+    assert {(r["compressor"], r["passes"]): r.get("gap") for r in rows}[("onebit", 6)] == pytest.approx(0.2)
+    assert [r["passes"] for r in quality.at_benchmark_length(rows)] == [2, 2]
