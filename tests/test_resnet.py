@@ -144,7 +144,8 @@ def test_a_set_up_whose_every_repeat_failed_stays_a_failed_row(tmp_path):
     assert (tmp_path / "of_alone.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("folder", ["end-to-end", "end-to-end-100mbit", "end-to-end-tf-fused"])
+@pytest.mark.parametrize("folder", ["end-to-end", "end-to-end-100mbit", "end-to-end-tf-fused",
+                                    "end-to-end-unshaped"])
 def test_the_end_to_end_table_in_the_docs_is_the_one_the_run_data_give(folder):
     """docs/results.md's lead tables are generated from the recorded runs, not typed: rebuilding
     each from its results.json (every repeat of one run of compare.py, one worker alone included)
