@@ -229,16 +229,49 @@ def keep_top(fraction):
     return encode
 
 
-def two_stage(workers, encode, owner_encode, residuals_kept=True):
+class ResidualMemory:
+    """Error feedback on a worker's whole tensor: it compensates with what it kept and keeps what
+    was not sent."""
+
+    def __init__(self):
+        self.residuals = {}
+
+    def compensate(self, key, g):
+        return g + self.residuals.get(key, 0.0)
+
+    def update(self, key, compensated, sent):
+        self.residuals[key] = compensated - sent
+
+
+class DGCMemory(ResidualMemory):
+    """DGC's memory: momentum correction (velocity ``u = momentum * u + g``, residual ``v = v + u``,
+    ``v`` sent) and momentum factor masking (``u`` zeroed where entries were sent)."""
+
+    def __init__(self, momentum):
+        super().__init__()
+        self.momentum, self.velocities = momentum, {}
+
+    def compensate(self, key, g):
+        self.velocities[key] = self.momentum * self.velocities.get(key, 0.0) + g
+        return self.residuals.get(key, 0.0) + self.velocities[key]
+
+    def update(self, key, compensated, sent):
+        super().update(key, compensated, sent)
+        self.velocities[key] = np.where(sent != 0, 0.0, self.velocities[key])
+
+
+def two_stage(workers, encode, owner_encode, residuals_kept=True, memory=None):
     """``communicator="alltoall"`` from its definition: each worker cuts (gradient + its residual)
     into ``workers`` shards (sizes differing by at most one, the larger first) and encodes each
     (``encode(shard) -> what it decodes to``), its residual the rest; each shard's owner adds up
     the workers' decoded shards and its own residual, encodes that (``owner_encode``), its residual
     the rest; the owners' shards, joined, are the sum every worker receives. Without
-    ``residuals_kept`` (no memory) neither side keeps one. Returns ``exchange(name, step,
-    gradients) -> sum`` for ``simulate``."""
+    ``residuals_kept`` (no memory) neither side keeps one; ``memory``: the workers' own (a
+    ``ResidualMemory`` by default). Returns ``exchange(name, step, gradients) -> sum`` for
+    ``simulate``."""
 
-    residuals, owners = {}, {}
+    memory = memory or ResidualMemory()
+    owners = {}
 
     def exchange(name, step, gradients):
         shape = gradients[0].shape
@@ -248,10 +281,11 @@ def two_stage(workers, encode, owner_encode, residuals_kept=True):
         shards = [slice(bounds[j], bounds[j + 1]) for j in range(workers)]
         totals = [np.zeros(s.stop - s.start) for s in shards]
         for rank, g in enumerate(gradients):
-            c = g.reshape(-1) + residuals.get((name, rank), 0.0)
+            key = (name, rank)
+            c = memory.compensate(key, g.reshape(-1)) if residuals_kept else g.reshape(-1)
             sent = np.concatenate([encode(c[s]) for s in shards])
             if residuals_kept:
-                residuals[(name, rank)] = c - sent
+                memory.update(key, c, sent)
             for j, s in enumerate(shards):
                 totals[j] = totals[j] + sent[s]
         out = []
@@ -273,37 +307,11 @@ def two_stage_topk(ratio, workers, owner_ratio=None):
 
 
 def two_stage_dgc(workers, ratio, momentum=0.9):
-    """DGC through the owners, from its definition: each worker keeps its velocity ``u = momentum
-    * u + g`` and residual ``v = v + u`` of the whole tensor, cuts ``v`` into shards and sends the
-    top ``ratio`` of each (at least 16 entries, as top-k); momentum factor masking zeroes ``u``
-    and ``v`` where entries were sent. Each owner adds the workers' shards and its own residual,
-    sends DGC's own ``ratio`` of that (its ``k``, no more), and keeps the rest."""
-    velocities, residuals, owners = {}, {}, {}
-    select = keep_top(ratio)
-
-    def exchange(name, step, gradients):
-        shape = gradients[0].shape
-        base, extra = divmod(gradients[0].size, workers)
-        bounds = np.cumsum([0] + [base + (1 if j < extra else 0) for j in range(workers)])
-        shards = [slice(bounds[j], bounds[j + 1]) for j in range(workers)]
-        totals = [np.zeros(s.stop - s.start) for s in shards]
-        for rank, g in enumerate(gradients):
-            key = (name, rank)
-            u = momentum * velocities.get(key, 0.0) + g.reshape(-1)
-            v = residuals.get(key, 0.0) + u
-            sent = np.concatenate([select(v[s]) for s in shards])
-            velocities[key] = np.where(sent != 0, 0.0, u)
-            residuals[key] = v - sent
-            for j, s in enumerate(shards):
-                totals[j] = totals[j] + sent[s]
-        out = []
-        for j, total in enumerate(totals):
-            t = total + owners.get((name, j), 0.0)
-            sent = select(t)
-            owners[(name, j)] = t - sent
-            out.append(sent)
-        return np.concatenate(out).reshape(shape)
-    return exchange
+    """DGC through the owners, from its definition: each worker keeps DGC's memory of the whole
+    tensor (``DGCMemory``: momentum correction and factor masking) and sends the top ``ratio`` of
+    each shard of ``v`` (at least 16 entries, as top-k); each owner adds the workers' shards and
+    its own residual, sends DGC's own ``ratio`` of that (its ``k``, no more), and keeps the rest."""
+    return two_stage(workers, keep_top(ratio), keep_top(ratio), memory=DGCMemory(momentum))
 
 
 def u8bit_encode(x):

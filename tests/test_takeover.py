@@ -6,7 +6,6 @@ taken over under ``OneCycleLR`` (which cycles it) and with weight decay. Each ag
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 import reference
 from launch import ROOT, horovodrun
 from test_horovod_torch import check
-from test_momentum import DENSE_MOMENTUM
+from test_momentum import DENSE_MOMENTUM, info
 
 WORKER = os.path.join(ROOT, "tests", "workers", "torch_takeover.py")
 
@@ -23,10 +22,6 @@ WORKER = os.path.join(ROOT, "tests", "workers", "torch_takeover.py")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("takeover")
     return out, horovodrun(WORKER, str(out))
-
-
-def info(out, name, rank=0):
-    return json.loads((out / f"{name}.rank{rank}.json").read_text())
 
 
 def weights(out, name, rank=0):
