@@ -314,12 +314,17 @@ def two_stage_dgc(workers, ratio, momentum=0.9):
     return two_stage(workers, keep_top(ratio), keep_top(ratio), memory=DGCMemory(momentum))
 
 
+# 8-bit's table from its definition: 0 and 2^((i - 127) / 8) for i = 1..127; the boundaries the
+# geometric means of neighbours (in float32, as the table is), half the smallest magnitude first.
+TABLE = np.concatenate([[0.0], 2.0 ** ((np.arange(1, 128) - 127) / 8.0)]).astype(np.float32)
+BOUNDARIES = np.concatenate([[TABLE[1] / 2], np.sqrt(TABLE[1:-1] * TABLE[2:])]).astype(np.float32)
+
+
 def u8bit_encode(x):
     """8-bit approximation of a shard, in float32 as it is computed: each element divided by the
     shard's largest magnitude goes to the nearest of the table's 128 magnitudes (in the log
     domain: the count of the boundaries at or below it), with its sign, times that magnitude."""
     from grace.compressor import TINY
-    from grace.compressors.u8bit import BOUNDARIES, TABLE
 
     x = np.asarray(x, np.float32)
     scale = np.abs(x).max() if x.size else np.float32(0)

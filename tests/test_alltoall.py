@@ -87,15 +87,15 @@ def test_onebit_equals_the_two_stage_model(workers, owner_bits):
     assert_matches_the_model(pipelines, model, atol=1e-5)
 
 
-@pytest.mark.parametrize("workers", [2, 3, 4])
-def test_dgc_equals_the_two_stage_model(workers):
+@pytest.mark.parametrize("workers, ratio", [(2, 0.05), (3, 0.05), (4, 0.05), (4, 0.001)])
+def test_dgc_equals_the_two_stage_model(workers, ratio):
     """DGC through the owners (its own momentum 0.9, no optimizer seen): momentum correction and
     factor masking on each worker's whole tensor, the top 5% of each shard sent, each owner
     keeping DGC's own ``k`` of its shard's sum and its residual; equal to the numpy model, step by
-    step, and every worker gets the same bits."""
-    pipelines = [grace.dgc(0.05, communicator="alltoall") for _ in range(workers)]
+    step, and every worker gets the same bits. At ratio 0.001 each side keeps its floor of 16."""
+    pipelines = [grace.dgc(ratio, communicator="alltoall") for _ in range(workers)]
     assert "DGCMemory(momentum=0.9" in repr(pipelines[0])
-    assert_matches_the_model(pipelines, reference.two_stage_dgc(workers, 0.05), atol=1e-5)
+    assert_matches_the_model(pipelines, reference.two_stage_dgc(workers, ratio), atol=1e-5)
 
 
 @pytest.mark.parametrize("workers", [3, 4])
@@ -139,6 +139,10 @@ def test_bf16_equals_the_two_stage_model():
 def test_u8bit_equals_the_two_stage_model(workers):
     """8-bit through the owners, without memory on either side: each worker's shards to the
     nearest of 128 logarithmic magnitudes of their largest, each owner's sum again."""
+    from grace.compressors import u8bit
+
+    np.testing.assert_array_equal(u8bit.TABLE, reference.TABLE)  # the module's, from its definition
+    np.testing.assert_array_equal(u8bit.BOUNDARIES, reference.BOUNDARIES)
     pipelines = [grace.u8bit(communicator="alltoall") for _ in range(workers)]
     assert_matches_the_model(pipelines, reference.two_stage_u8bit(workers), atol=1e-5)
 

@@ -158,10 +158,14 @@ def test_a_safety_cell_is_the_mean_over_seeds_against_the_cases_target():
 
     rows = [row("mnist", "torch", "topk", 0, 1.6), row("mnist", "torch", "topk", 1, 0.2),
             row("mnist", "tf", "topk", 0, 1.2), row("lstm", "torch", "topk", 0, 2.5),
-            row("lstm", "torch", "signsgd", 0, 9.0), row("words", "tf", "signsgd", 0, None)]
-    table = quality.safety_markdown(rows, ["topk", "signsgd"]).splitlines()
-    assert table[2] == "| topk | ✓ / ✗ +1.2 | – / – | – / – | – / – | ✗ +2.5% / – | – / – |"
+            row("lstm", "tf", "topk", 0, 2.0),  # on the target: met
+            row("cnn", "torch", "topk", 0, 0.4), row("cnn", "torch", "topk", 1, 2.0),  # mean 1.2
+            row("lstm", "torch", "signsgd", 0, 9.0), row("words", "tf", "signsgd", 0, None),
+            row("lstm", "torch", "qsgd", 0, 5.5), row("lstm", "tf", "qsgd", 0, 4.5)]  # 2 pts: 5%
+    table = quality.safety_markdown(rows, ["topk", "signsgd", "qsgd"]).splitlines()
+    assert table[2] == "| topk | ✓ / ✗ +1.2 | – / – | ✗ +1.2 / – | – / – | ✗ +2.5% / ✓ | – / – |"
     assert table[3] == "| signsgd | – / – | – / – | – / – | – / – | ✓ / – | – / ? |"
+    assert table[4] == "| qsgd | – / – | – / – | – / – | – / – | ✗ +5.5% / ✓ | – / – |"
 
 
 def test_a_run_of_another_length_is_another_set_up():
@@ -178,4 +182,6 @@ def test_a_run_of_another_length_is_another_set_up():
     assert "gap" not in by_length[("onebit", 6)]  # no fp32 of 6 passes to compare with
     rows = quality.summarize(quality.merge([[short_fp32, short, long, long_fp32]]))
     assert {(r["compressor"], r["passes"]): r.get("gap") for r in rows}[("onebit", 6)] == pytest.approx(0.2)
-    assert [r["passes"] for r in quality.at_benchmark_length(rows)] == [2, 2]
+    assert [r["passes"] for r in quality.at_benchmark_length(rows)] == [2, 2]  # a tie: the shorter
+    more_long = rows + [dict(r, compressor="topk") for r in rows if r["passes"] == 6]
+    assert {r["passes"] for r in quality.at_benchmark_length(more_long)} == {6}  # most runs long
