@@ -92,7 +92,7 @@ TWO_SIDED_LOOP = native.Loop("grace_two_sided", (
 def _two_sided_loop(x: np.ndarray, top: np.ndarray, bottom: np.ndarray):
     """The indices (int64, in order) of ``x >= top`` among the positive elements and of
     ``x <= bottom`` among the negative ones, and their float64 sums and counts."""
-    params = {"top": float(np.reshape(top, -1)[0]), "bottom": float(np.reshape(bottom, -1)[0])}
+    params = {"top": native.scalar(top), "bottom": native.scalar(bottom)}
     # The loop writes each list with a slot of slack (branch-free), which the join leaves out.
     (high, low), counts = native.select(TWO_SIDED_LOOP, x.size, [x], [], [np.int64, np.int64], params,
                                         slack=1)

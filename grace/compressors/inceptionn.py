@@ -79,7 +79,7 @@ def _encode_loop(x: np.ndarray, inverse: np.ndarray):
     tags = native.empty((x.size + 3) // 4, np.uint8)
     (tags, small, medium, large), _ = native.select(
         ENCODE_LOOP, x.size, [x], [tags], [np.int8, np.int16, np.float32],
-        {"inverse": float(np.reshape(inverse, -1)[0])})
+        {"inverse": native.scalar(inverse)})
     return tags, small, medium, large
 
 
@@ -94,7 +94,7 @@ def _decode_loop(tags: np.ndarray, small: np.ndarray, medium: np.ndarray, large:
                          f"but it holds {members}")
     out = native.empty(n, np.float32)
     native.run(DECODE_LOOP, n, [tags, small, medium, large], [out],
-               {"bound": float(np.reshape(error_bound, -1)[0])}, offsets=offsets)
+               {"bound": native.scalar(error_bound)}, offsets=offsets)
     return out
 
 

@@ -53,7 +53,7 @@ def _buckets_loop(x: np.ndarray, divisor: np.ndarray, boundaries: np.ndarray) ->
     table, low, high, shift = native.bucket_index(boundaries)
     out = native.empty(x.size, np.uint8)
     native.run(BUCKETS_LOOP, x.size, [x, table, low, high], [out],
-               {"divisor": float(np.reshape(divisor, -1)[0]), "shift": shift})
+               {"divisor": native.scalar(divisor), "shift": shift})
     return out
 
 

@@ -409,7 +409,8 @@ def zeros(n: int, dtype) -> np.ndarray:
     return _empty(n, dtype, np.zeros)
 
 
-def _value(a) -> float:
+def scalar(a) -> float:
+    """The one value of a 1-element array (a loop's float parameter handed over as an input)."""
     return float(np.reshape(a, -1)[0])
 
 

@@ -52,6 +52,17 @@ def torch_linear(seed: int = 0):
     return model
 
 
+def scaled_step(optimizer, scaler, loss) -> None:
+    """A step of a Horovod ``DistributedOptimizer`` under a loss scaler, as the docs show: the
+    combined gradients are unscaled, and the step is skipped where they are not finite."""
+    scaler.scale(loss).backward()
+    optimizer.synchronize()
+    scaler.unscale_(optimizer)
+    with optimizer.skip_synchronize():
+        scaler.step(optimizer)
+    scaler.update()
+
+
 def train_linear(model, optimizer, rank: int, steps: int, first: int = 0) -> None:
     """Steps ``first..steps-1`` of mean-squared-error training on this rank's batches."""
     import torch

@@ -18,7 +18,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
-from common import LR, batch, torch_linear  # noqa: E402
+from common import LR, batch, scaled_step, torch_linear  # noqa: E402
 from scenarios import build, names  # noqa: E402
 
 COMPRESSORS = {name: (lambda name=name: build(name)) for name in names("torch", "nonfinite")}
@@ -29,17 +29,6 @@ outdir = sys.argv[1]
 torch.set_num_threads(1)
 hvd.init()
 rank = hvd.rank()
-
-
-def scaled_step(optimizer, scaler, loss):
-    """A step under a loss scaler, as the docs show: the combined gradients are unscaled, and the
-    step is skipped where they are not finite."""
-    scaler.scale(loss).backward()
-    optimizer.synchronize()
-    scaler.unscale_(optimizer)
-    with optimizer.skip_synchronize():
-        scaler.step(optimizer)
-    scaler.update()
 
 
 def run(name, mode):

@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
-from common import LR, batch, torch_linear, train_linear  # noqa: E402
+from common import LR, batch, scaled_step, torch_linear, train_linear  # noqa: E402
 
 import grace  # noqa: E402
 
@@ -102,28 +102,21 @@ def adam_scaled(mode: str):
     optimizer = wrap(model, torch.optim.Adam(model.parameters(), 0.01), randomk())
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
     skipped = None
-    caught = warnings.catch_warnings(record=True)
-    said = caught.__enter__()
-    warnings.simplefilter("always")
-    for step in range(STEPS):
-        if mode == "skipped" and step == OVERFLOW_STEP:
-            scaler.update(new_scale=scaler.get_scale() / 2)
-            continue
-        x, y = (torch.from_numpy(a) for a in batch(rank, step))
-        optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        if mode == "overflow" and step == OVERFLOW_STEP and rank == 1:
-            loss = loss * math.inf
-        before = model.weight.detach().clone()
-        scaler.scale(loss).backward()
-        optimizer.synchronize()
-        scaler.unscale_(optimizer)
-        with optimizer.skip_synchronize():
-            scaler.step(optimizer)
-        scaler.update()
-        if step == OVERFLOW_STEP:
-            skipped = bool(torch.equal(model.weight, before))
-    caught.__exit__(None, None, None)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for step in range(STEPS):
+            if mode == "skipped" and step == OVERFLOW_STEP:
+                scaler.update(new_scale=scaler.get_scale() / 2)
+                continue
+            x, y = (torch.from_numpy(a) for a in batch(rank, step))
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            if mode == "overflow" and step == OVERFLOW_STEP and rank == 1:
+                loss = loss * math.inf
+            before = model.weight.detach().clone()
+            scaled_step(optimizer, scaler, loss)
+            if step == OVERFLOW_STEP:
+                skipped = bool(torch.equal(model.weight, before))
     save(f"adam_{mode}", model, unchanged_at_overflow=skipped,
          warnings=[str(w.message) for w in said if str(w.message).startswith("grace:")])
 
