@@ -7,7 +7,7 @@ setup:
 	@bash scripts/setup.sh
 
 run: setup
-	$(PY) scripts/run_main.py
+	$(PY) -m scripts.run_main
 
 test: setup lint
 	$(PY) -m pytest -q -p no:cacheprovider tests --ignore=tests/cuda
@@ -17,27 +17,27 @@ test-cuda:
 	python3 -m pytest -q -p no:cacheprovider tests/cuda
 
 soak: setup
-	$(PY) scripts/soak.py
+	$(PY) -m scripts.tools.soak
 
 # The side-by-side matrix (docs/results.md); as root it runs on an emulated cluster with shaped links.
 compare: setup
-	$(PY) scripts/compare.py --compressors fp32,hvd-fp16,topk:ratio=0.01,qsgd,efsignsgd,powersgd:rank=2 \
+	$(PY) -m scripts.compare --compressors fp32,hvd-fp16,topk:ratio=0.01,qsgd,efsignsgd,powersgd:rank=2 \
 		--rates 100mbit,1gbit,unshaped --workers 2,4
 
 # Every compressor trained to convergence against uncompressed training (docs/quality.md): hours.
 # Then mnist through PyTorch DDP: grace's hook beside DDP without a hook and PyTorch's own hooks;
 # then the CNN's time to accuracy on 2 emulated hosts at 1 Gbit/s (as root; else localhost).
 quality: setup
-	$(PY) scripts/quality.py --out out/quality
-	$(PY) scripts/quality.py --cases mnist-sgd,mnist-adam --frameworks torch --engines ddp \
+	$(PY) -m scripts.quality --out out/quality
+	$(PY) -m scripts.quality --cases mnist-sgd,mnist-adam --frameworks torch --engines ddp \
 		--compressors fp32,torch-fp16,torch-powersgd-r1,torch-powersgd-r2,$$($(PY) -c \
 		"import grace; print(','.join(grace.available()))") --out out/quality-ddp
-	$(PY) scripts/time_to_accuracy.py --out out/time-to-accuracy
+	$(PY) -m scripts.time_to_accuracy --out out/time-to-accuracy
 
 # Compression cost against a plain copy, PowerSGD against PyTorch's hooks, the wrapper's overhead.
 bench: setup
 	mkdir -p out
-	bash -o pipefail -c '$(PY) scripts/bench_compressors.py --powersgd --overhead --json out/bench.json --plot out/bench.png | tee out/bench.md'
+	bash -o pipefail -c '$(PY) -m scripts.tools.bench_compressors --powersgd --overhead --json out/bench.json --plot out/bench.png | tee out/bench.md'
 
 lint: setup
 	.venv/bin/ruff check grace frameworks scripts tests

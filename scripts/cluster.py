@@ -9,11 +9,11 @@ as on a real cluster: one ``torchrun`` per host, its rendezvous at host 0's addr
 Needs root (namespaces and ``tc``). Everything is torn down on exit, Ctrl-C and failure; names all
 start with ``grace-`` and addresses are in 10.231.0.0/16, inside namespaces this script created.
 
-    sudo python scripts/cluster.py run --hosts 2 --rate 1gbit -- python scripts/compare_worker.py ...
-    sudo python scripts/cluster.py run --hosts 2 --workers-per-host 2 -- python train.py
-    sudo python scripts/cluster.py torchrun --hosts 2 --workers-per-host 2 -- train_ddp.py  # DDP
-    sudo python scripts/cluster.py iperf --rate 100mbit          # measure a shaped transfer
-    sudo python scripts/cluster.py cleanup                       # remove leftovers of a killed run
+    sudo python -m scripts.cluster run --hosts 2 --rate 1gbit -- python -m scripts.compare_worker ...
+    sudo python -m scripts.cluster run --hosts 2 --workers-per-host 2 -- python train.py
+    sudo python -m scripts.cluster torchrun --hosts 2 --workers-per-host 2 -- train_ddp.py  # DDP
+    sudo python -m scripts.cluster iperf --rate 100mbit          # measure a shaped transfer
+    sudo python -m scripts.cluster cleanup                       # remove leftovers of a killed run
 
 Each host's workers run on cores of their own (``taskset``; ``host_cpus``), as on machines of
 their own: left to the scheduler, two workers' busy threads could share one core while the other

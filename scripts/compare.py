@@ -8,7 +8,7 @@ compression and communication, payload bytes per step per worker (from grace's `
 bytes that crossed the worker's link (the emulated host's ``eth0`` counters), the metric per epoch
 and the training time until it reaches the workload's target. A run that fails is a row saying so.
 
-    sudo python scripts/compare.py --workloads mnist,lstm,exchange --frameworks torch,tf \
+    sudo python -m scripts.compare --workloads mnist,lstm,exchange --frameworks torch,tf \
         --compressors fp32,hvd-fp16,topk:ratio=0.01,powersgd:rank=2 --rates 100mbit,1gbit,unshaped \
         --workers 2,4 --out out/compare
 
@@ -24,7 +24,7 @@ matrix N times, interleaved (repeat by repeat, so that a slow spell of the machi
 set-up alike); a row's figures are the medians over its repeats, each repeat's samples/s kept in
 results.json (``repeats``).
 
-    sudo python scripts/compare.py --workloads resnet50 --frameworks torch,tf --alone --repeats 3 \
+    sudo python -m scripts.compare --workloads resnet50 --frameworks torch,tf --alone --repeats 3 \
         --compressors fp32,hvd-fp16,none,fp16,topk:ratio=0.01,dgc,powersgd:rank=2 --rates 1gbit
 
 ``--engines horovod,ddp`` sets PyTorch's DistributedDataParallel beside Horovod (framework ``ddp``:
@@ -33,7 +33,7 @@ hook, PyTorch's own hooks run by their names in ``torch_hooks.py`` (``torch-fp16
 ``torch-powersgd-r1``, ...; only under DDP, as ``hvd-fp16`` only under Horovod), and DDP's rows are
 set against PyTorch's one worker alone.
 
-    sudo python scripts/compare.py --workloads exchange,resnet50 --frameworks torch \
+    sudo python -m scripts.compare --workloads exchange,resnet50 --frameworks torch \
         --engines horovod,ddp --alone --compressors fp32,hvd-fp16,torch-fp16,fp16,topk:ratio=0.01
 """
 
@@ -50,10 +50,7 @@ import time
 
 from tqdm import tqdm
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cluster  # noqa: E402
-import torch_hooks  # noqa: E402
-import workloads  # noqa: E402
+from scripts import cluster, torch_hooks, workloads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINES = ("fp32", "hvd-fp16")
@@ -125,7 +122,7 @@ def runs_under(fw: str, compression: str) -> bool:
 def worker_command(fw: str, workload: str, compression: str, args, wire: bool,
                    extra: tuple = ()) -> list[str]:
     """The worker's command line; ``extra``: more worker arguments (``--optimizer adam``, ``--lr``)."""
-    cmd = [sys.executable, os.path.join(ROOT, "scripts", "compare_worker.py"), "--framework", fw,
+    cmd = [sys.executable, "-m", "scripts.compare_worker", "--framework", fw,
            "--workload", workload, "--compression", compression, "--epochs", str(args.epochs),
            "--steps", str(args.exchange_steps if workload == "exchange" else args.steps), *extra]
     return cmd + (["--wire"] if wire else [])
@@ -169,7 +166,7 @@ def run_one(fw, workload, compression, rate, workers, args, emulate: bool, extra
             horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
             output = _run([horovodrun, "-np", str(workers), "-H", f"localhost:{workers}", "--gloo",
                            *command], args.timeout)
-    except Exception as e:  # noqa: BLE001 (every failure becomes a row, with its reason)
+    except Exception as e:
         return {**row, "status": f"failed: {str(e).strip().splitlines()[-1][:160]}"}
     results = [line.split("RESULT ", 1)[1] for line in output.splitlines() if "RESULT " in line]
     if not results:

@@ -3,9 +3,9 @@ workload of ``workloads.py`` with PyTorch or TensorFlow under Horovod, or PyTorc
 DistributedDataParallel (``--framework ddp``, started by torchrun), with one compression; rank 0
 prints one ``EPOCH {json}`` line per epoch and a ``RESULT {json}`` line at the end.
 
-    horovodrun -np 2 python scripts/compare_worker.py --framework tf --workload lstm \
+    horovodrun -np 2 python -m scripts.compare_worker --framework tf --workload lstm \
         --compression '{"compressor": "topk", "ratio": 0.01}'
-    torchrun --standalone --nproc-per-node 2 scripts/compare_worker.py --framework ddp \
+    torchrun --standalone --nproc-per-node 2 -m scripts.compare_worker --framework ddp \
         --workload mnist --compression torch-powersgd-r1
 
 ``--compression`` is ``fp32`` (the engine's own uncompressed allreduce: Horovod's, or DDP's without
@@ -29,15 +29,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import torch_hooks  # noqa: E402
-import workloads  # noqa: E402
+from scripts import torch_hooks, workloads
 
 CALIBRATION_STEPS = 8
 # The test images' forward pass, in parts: the CNN's activations for 5,000 images at once are large.
@@ -224,7 +220,7 @@ def run_torch(args, spec):
                         torch.nn.init.xavier_uniform_(layer.weight)  # symmetric in fan-in and fan-out
                         torch.nn.init.zeros_(layer.bias)
         else:
-            import cnn
+            from scripts import cnn
 
             train_x, test_x = (a.reshape(-1, 1, 28, 28) for a in (train_x, test_x))
             model = cnn.torch_model(cfg)
@@ -313,7 +309,7 @@ def run_torch(args, spec):
             return {"perplexity": float(np.exp(mean))}
         samples = cfg["batch"]
     elif args.workload == "resnet50":
-        from resnet import ResNet50
+        from scripts.resnet import ResNet50
 
         cfg = workloads.RESNET50
         model = ResNet50(cfg["classes"])
@@ -538,7 +534,7 @@ def run_tf(args, spec):
                                      [keras.layers.Dense(h, activation="relu") for h in cfg["hidden"]] +
                                      [keras.layers.Dense(10)])
         else:
-            import cnn
+            from scripts import cnn
 
             train_x, test_x = (a.reshape(-1, 28, 28, 1) for a in (train_x, test_x))
             model = cnn.keras_model(cfg)
@@ -733,7 +729,7 @@ def report(args, rank, size, samples, compute_s, compress_s, dist_step, evaluate
               "epochs": epochs}
     if pipeline is not None:
         result["communicator"] = pipeline.communicator.resolve(size).name
-        if result["communicator"] == "alltoall":  # the cost model's input (scripts/cost_model.py)
+        if result["communicator"] == "alltoall":  # the cost model's input (scripts/tools/cost_model.py)
             from grace.communicators.alltoall import owner_share
 
             result["owner_share"] = owner_share(pipeline.compressor)

@@ -18,10 +18,10 @@ the same framework, workload and optimizer, against the target of docs/quality.m
 the training time until fp32's final metric is reached; and a plot of the metric against epoch,
 one panel per compressor.
 
-    .venv/bin/python scripts/quality.py --out out/quality            # the whole matrix (hours)
-    .venv/bin/python scripts/quality.py --frameworks torch --cases mnist-sgd --compressors fp32,dgc
-    .venv/bin/python scripts/quality.py --from-json out/quality/*.json   # tables and plots only
-    .venv/bin/python scripts/quality.py --cases lstm-sgd --compressors fp32,dgc --epochs 30  # further
+    .venv/bin/python -m scripts.quality --out out/quality            # the whole matrix (hours)
+    .venv/bin/python -m scripts.quality --frameworks torch --cases mnist-sgd --compressors fp32,dgc
+    .venv/bin/python -m scripts.quality --from-json out/quality/*.json   # tables and plots only
+    .venv/bin/python -m scripts.quality --cases lstm-sgd --compressors fp32,dgc --epochs 30  # further
 
 Runs are on localhost (quality does not depend on the link); each is a ``compare_worker.py`` job.
 """
@@ -33,17 +33,12 @@ import datetime
 import json
 import os
 import subprocess
-import sys
 import time
 
 from tqdm import tqdm
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compare  # noqa: E402
-import plots  # noqa: E402
-import workloads  # noqa: E402
-
-from grace.compressors import sign  # noqa: E402
+from grace.compressors import sign
+from scripts import compare, plots, workloads
 
 # (workload, optimizer) cases, and the budget of each workload (epochs, steps per epoch): mnist's
 # epoch is one pass over the 60,000 images with 2 workers of 64. The LSTM's 4,000 steps are where
@@ -103,9 +98,10 @@ def learning_rate(name: str, workload: str, optimizer: str) -> float | None:
     model: the LSTM's is ``workloads.LSTM["sign_lr"]``), else the workload's (``None``)."""
     if name not in SIGN_METHODS:
         return None
-    if workload == "lstm":
-        return workloads.LSTM["sign_lr"]
-    cfg = {"mnist": workloads.MNIST, "cnn": workloads.CNN}.get(workload, {})
+    cfg = {"mnist": workloads.MNIST, "cnn": workloads.CNN, "lstm": workloads.LSTM,
+           "words": workloads.WORDS}.get(workload, {})
+    if "sign_lr" in cfg:
+        return cfg["sign_lr"]
     momentum = cfg.get("momentum", 0.0) if optimizer == "sgd" else 0.0  # the image models' SGD
     return sign.learning_rate(momentum_in_optimizer=0.0 if name == "signum" else momentum)
 

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compare  # noqa: E402
+from scripts import compare
 
 
 def main():

@@ -17,8 +17,8 @@ quality benchmark trains them (``quality.learning_rate``). Per compression:
   later than Horovod's fp16), and the final accuracy's gap to fp32 against the compressor's quality
   target (``quality.TARGET_POINTS``).
 
-    sudo .venv/bin/python scripts/time_to_accuracy.py --frameworks torch,tf --rate 1gbit --out out/tta
-    .venv/bin/python scripts/time_to_accuracy.py --from-json out/tta/results.json --out out/tta
+    sudo .venv/bin/python -m scripts.time_to_accuracy --frameworks torch,tf --rate 1gbit --out out/tta
+    .venv/bin/python -m scripts.time_to_accuracy --from-json out/tta/results.json --out out/tta
 
 Outputs under ``--out``: compare.py's (results.json, ...) and time_to_accuracy.md, .json, .png.
 """
@@ -28,16 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
 from tqdm import tqdm
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cluster  # noqa: E402
-import compare  # noqa: E402
-import plots  # noqa: E402
-import quality  # noqa: E402
+from scripts import cluster, compare, plots, quality
 
 WORKLOAD = "cnn"
 MARGIN = 0.005  # the target: fp32's final accuracy less half a point

@@ -52,7 +52,7 @@ RESNET50 = {"image": 64, "batch": 16, "classes": 1000, "lr": 0.01, "momentum": 0
 
 def fashion_mnist() -> tuple:
     """(train images, train labels, test images, test labels), images standardised, (N, 784)."""
-    import fashion_mnist as data
+    from scripts import fashion_mnist as data
 
     return (*data.load("train"), *data.load("test"))
 

@@ -1,16 +1,9 @@
 import os
-import sys
 
-# The tests import their helpers (launch, reference) and the worker scripts' shared tables
-# (workers/common.py, workers/scenarios.py) by module name.
-sys.path.insert(0, os.path.dirname(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "workers"))
-
-
-import pytest  # noqa: E402
+import pytest
 
 # A skipped test names what it did not check, and fails the run under CI (tests/loud_skips.py).
-from loud_skips import (  # noqa: E402, F401
+from tests.loud_skips import (  # noqa: F401
     pytest_runtest_logreport,
     pytest_sessionfinish,
     pytest_terminal_summary,
@@ -20,7 +13,7 @@ from loud_skips import (  # noqa: E402, F401
 @pytest.fixture(scope="session")
 def gloo_run(tmp_path_factory):
     """tests/workers/torch_train.py on 2 Gloo workers, every scenario: one run for the session."""
-    from launch import ROOT, horovodrun
+    from tests.launch import ROOT, horovodrun
 
     out = tmp_path_factory.mktemp("gloo")
     horovodrun(os.path.join(ROOT, "tests", "workers", "torch_train.py"), str(out))
@@ -30,7 +23,7 @@ def gloo_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tf_run(tmp_path_factory):
     """tests/workers/tf_train.py on 2 Gloo workers, every scenario: one run for the session."""
-    from launch import ROOT, horovodrun
+    from tests.launch import ROOT, horovodrun
 
     out = tmp_path_factory.mktemp("tf")
     horovodrun(os.path.join(ROOT, "tests", "workers", "tf_train.py"), str(out))

@@ -3,13 +3,9 @@ check what the framework wrappers compute on real workers."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "workers"))
-from common import LR, batch, gradients, init_weights  # noqa: E402
+from tests.workers.common import LR, batch, gradients, init_weights
 
 MIN_NUMEL = 1024  # grace's default: b (8 elements) travels dense, W (1280) is compressed
 

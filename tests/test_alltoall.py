@@ -10,12 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-import reference
 
 import grace
 from grace.backends import InProcessGroup
 from grace.communicators.alltoall import ALLTOALL_FROM, owner_share, shard_sizes
 from grace.registry import COMPRESSORS
+from tests import reference
 
 
 def exchange(pipelines, grads, scale, names=("w",)):

@@ -1,4 +1,4 @@
-"""scripts/bench_compressors.py reports what it measured: one row per framework and compressor, the
+"""scripts/tools/bench_compressors.py reports what it measured: one row per framework and compressor, the
 payload each compressor promises, a ratio that is the quotient of the times it printed, and a plot.
 The times themselves are not checked (a shared machine); docs/performance.md gives them."""
 
@@ -15,7 +15,7 @@ import pytest
 import grace
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "bench_compressors.py")
+SCRIPT = ["-m", "scripts.tools.bench_compressors"]  # run from the checkout (cwd=ROOT)
 NUMEL = 300_001
 COMPRESSORS = ["signsgd", "randomk", "qsgd", "topk"]
 
@@ -24,7 +24,7 @@ COMPRESSORS = ["signsgd", "randomk", "qsgd", "topk"]
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     run = subprocess.run(
-        [sys.executable, SCRIPT, "--compressors", ",".join(COMPRESSORS), "--frameworks", "torch,tf",
+        [sys.executable, *SCRIPT, "--compressors", ",".join(COMPRESSORS), "--frameworks", "torch,tf",
          "--devices", "cpu", "--numel", str(NUMEL), "--model", "none", "--repeats", "3",
          "--warmup", "1", "--powersgd", "--json", str(out / "bench.json"), "--plot", str(out / "bench.png")],
         capture_output=True, text=True, timeout=600, cwd=ROOT)
@@ -85,7 +85,7 @@ def test_table_and_plot(report):
 
 
 def test_unknown_compressor_is_refused_by_name():
-    run = subprocess.run([sys.executable, SCRIPT, "--compressors", "topk,nope"], capture_output=True,
+    run = subprocess.run([sys.executable, *SCRIPT, "--compressors", "topk,nope"], capture_output=True,
                          text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 2
     assert "--compressors: 'nope' is not one of" in run.stderr and "topk" in run.stderr

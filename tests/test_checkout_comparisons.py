@@ -1,5 +1,6 @@
-"""scripts/pipeline_overhead.py and scripts/pipeline_digests.py compare two checkouts: each side is
-measured through the checkout it names, and a digest is a function of what the code computes."""
+"""scripts/tools/pipeline_overhead.py and scripts/tools/pipeline_digests.py compare two checkouts:
+each side is measured through the checkout it names, and a digest is a function of what the code
+computes."""
 
 from __future__ import annotations
 
@@ -8,13 +9,12 @@ import os
 import subprocess
 import sys
 
-from launch import ROOT
-
 import grace
+from tests.launch import ROOT
 
 
 def measure(script: str, root: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", script), "--measure", root,
+    return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "tools", script), "--measure", root,
                            *args], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT),
                           cwd=ROOT)
 
@@ -47,10 +47,8 @@ def test_a_digest_follows_the_results_and_the_state_values(monkeypatch):
     """The digest changes when a result or a state tensor changes by one value and nothing else
     does (its shape, the repr, the stats): a digest of the structure alone would miss the change
     a restructuring must not make."""
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    import pipeline_digests
-
     from grace.pipeline import Pipeline
+    from scripts.tools import pipeline_digests
 
     same = pipeline_digests.digest("topk", "sgd")
     assert pipeline_digests.digest("topk", "sgd") == same
@@ -92,8 +90,8 @@ def test_two_checkouts_that_differ_in_one_compressor_are_told_apart(tmp_path):
                 "    return _exact(self, flat * 1.0001, name, ctx, ops)\n\n\nTopK.encode = _scaled\n")
 
     def compare(before: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "pipeline_digests.py"),
-                               "--before", before, "--after", ROOT, "--compressors", "topk,none"],
+        return subprocess.run([sys.executable, "-m", "scripts.tools.pipeline_digests", "--before", before,
+                               "--after", ROOT, "--compressors", "topk,none"],
                               capture_output=True, text=True, cwd=ROOT)
 
     mutant = compare(str(copy))
@@ -114,8 +112,7 @@ def test_the_timing_table_gives_each_sides_median_and_after_over_before(monkeypa
     """``--before/--after``: the sides are measured in turn, ``--repeats`` times, and each
     compression's row gives both sides' medians, after / before (not before / after) and the range
     of the repeats' ratios. The sides' times are set here (no timing in a test)."""
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    import pipeline_overhead
+    from scripts.tools import pipeline_overhead
 
     times = {"before": iter([{"none": 10.0, "topk": 40.0}, {"none": 12.0, "topk": 44.0},
                              {"none": 11.0, "topk": 60.0}]),

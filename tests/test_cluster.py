@@ -13,10 +13,9 @@ import time
 
 import pytest
 
+from scripts import cluster, compare
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import cluster  # noqa: E402
-import compare  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not cluster.can_emulate()[0], reason=cluster.can_emulate()[1])
 

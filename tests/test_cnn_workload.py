@@ -4,16 +4,13 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 import pytest
 
+from scripts import cnn, quality, workloads
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import cnn  # noqa: E402
-import quality  # noqa: E402
-import workloads  # noqa: E402
 
 PARAMETERS = 1_688_378  # the count cnn.py's docstring states
 

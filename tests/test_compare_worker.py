@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import compare_worker  # noqa: E402
+from scripts import compare_worker  # noqa: E402
 
 
 def test_the_keras_layout_is_torchs_linear_with_its_weight_and_gradient_transposed():

@@ -24,9 +24,9 @@ import math
 import os
 
 import pytest
-from launch import ROOT, horovodrun
 
 import grace
+from tests.launch import ROOT, horovodrun
 
 WORKER = os.path.join(ROOT, "tests", "workers", "convergence.py")
 UNTRAINED_LOSS = math.log(10)

@@ -1,17 +1,15 @@
-"""scripts/cost_model.py: the α-β model's byte counts are those of the schedules it names, its
+"""scripts/tools/cost_model.py: the α-β model's byte counts are those of the schedules it names, its
 step times follow from them, and a measured run is set against its prediction."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import cost_model  # noqa: E402
+from scripts.tools import cost_model  # noqa: E402
 
 MB = 1e6
 RATE = cost_model.RATES["1gbit"]
@@ -168,7 +166,7 @@ def _documented_validation() -> tuple[str, list[str]]:
     """docs/results.md's text and the run files its cost-model command validates against."""
     with open(RESULTS_MD, encoding="utf-8") as f:
         text = f.read()
-    start = text.index("scripts/cost_model.py --out docs/results/model")
+    start = text.index("-m scripts.tools.cost_model --out docs/results/model")
     command = []
     for line in text[start:].splitlines():
         command.append(line)

@@ -1,4 +1,4 @@
-"""``scripts/crossing.py``: TensorFlow's exchange step traced with grace's loops crossing into the
+"""``scripts/studies/crossing.py``: TensorFlow's exchange step traced with grace's loops crossing into the
 host from several sizes, timed in turns within one real Horovod worker."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from launch import ROOT, horovodrun
+from tests.launch import ROOT, horovodrun
 
 
 def test_each_crossing_gets_its_own_traced_step_and_a_paired_ratio(tmp_path):
@@ -14,7 +14,7 @@ def test_each_crossing_gets_its_own_traced_step_and_a_paired_ratio(tmp_path):
     compression runs grace's loops instead of TensorFlow's composite code, so that step traces
     fewer operations. Each ratio is to the first crossing of its round."""
     out = tmp_path / "crossing.json"
-    text = horovodrun(os.path.join(ROOT, "scripts", "crossing.py"), "--compression", "efsignsgd",
+    text = horovodrun(os.path.join(ROOT, "scripts", "studies", "crossing.py"), "--compression", "efsignsgd",
                       "--crossings", "262144,65536", "--rounds", "3", "--steps", "1",
                       "--layers", "37", "--out", str(out), np=1, timeout=300)
     result = json.loads(out.read_text())

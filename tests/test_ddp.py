@@ -12,14 +12,12 @@ import sys
 
 import numpy as np
 import pytest
-import reference
-from launch import ROOT, worker_env
-from test_horovod_torch import check, load  # the same checks as under Horovod
 
 import grace
-
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import cluster  # noqa: E402
+from scripts import cluster
+from tests import reference
+from tests.launch import ROOT, worker_env
+from tests.test_horovod_torch import check, load  # the same checks as under Horovod
 
 WORKER = os.path.join(ROOT, "tests", "workers", "ddp_train.py")
 TOPK_BYTES = 10 * (64 * 4 + 64 * 4 + 8 * 4)  # per step: 64 float32 values, 64 int32 indices, b dense
@@ -155,7 +153,7 @@ def test_sparse_gradients_travel_as_rows(ddp_run):
     averaged over the workers (``grace.none()``) or top-k with error feedback on the rows, against
     the numpy model of tests/workers/sparse_model.py, as under Horovod
     (tests/test_sparse_workers.py)."""
-    import sparse_model
+    from tests.workers import sparse_model
 
     out, _ = ddp_run
     for name, ratio, tol in (("rows_none", None, 1e-6), ("rows_topk", 0.05, 1e-5)):
@@ -325,7 +323,7 @@ def test_two_hosts_flat_and_hierarchical_over_subgroups(tmp_path):
 def test_the_tables_in_the_docs_are_the_recorded_runs(run):
     """docs/ddp.md's tables of the hooks' throughput are generated from the runs' JSON, not written
     by hand."""
-    import bench_ddp_hooks
+    from scripts.tools import bench_ddp_hooks
 
     doc = open(os.path.join(ROOT, "docs", "ddp.md")).read()
     start = doc.index(f"<!-- generated: bench_ddp_hooks.py --from-json docs/results/{run}.json -->")
@@ -335,7 +333,7 @@ def test_the_tables_in_the_docs_are_the_recorded_runs(run):
 
 
 def test_the_before_and_after_table_in_the_docs_is_the_recorded_runs():
-    import bench_ddp_hooks
+    from scripts.tools import bench_ddp_hooks
 
     doc = open(os.path.join(ROOT, "docs", "ddp.md")).read()
     runs = ["docs/results/cuda/ab_before.json", "docs/results/cuda/ab_after.json"]

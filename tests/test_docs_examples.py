@@ -11,7 +11,8 @@ import os
 import re
 
 import numpy as np
-from launch import ROOT, horovodrun
+
+from tests.launch import ROOT, horovodrun
 
 PAGE = os.path.join(ROOT, "docs", "tensorflow.md")
 

@@ -14,7 +14,8 @@ import subprocess
 import sys
 
 import pytest
-from launch import HOROVODRUN, ROOT, worker_env
+
+from tests.launch import HOROVODRUN, ROOT, worker_env
 
 WORKER = os.path.join(ROOT, "tests", "workers", "torch_elastic.py")
 EMPTY = "e3b0c44298fc1c14"  # the digest of no residuals: a worker that has not stepped

@@ -156,7 +156,7 @@ def horovod_counts(tmp_path_factory):
     import json
     import os
 
-    from launch import ROOT, horovodrun
+    from tests.launch import ROOT, horovodrun
 
     out = tmp_path_factory.mktemp("fusion") / "counts.json"
     horovodrun(os.path.join(ROOT, "tests", "workers", "torch_fusion.py"), str(out),

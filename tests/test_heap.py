@@ -17,7 +17,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROBE = """
 import ctypes, json, sys
 import numpy as np
-sys.path.insert(0, {root!r})
 from grace import heap
 
 class Info(ctypes.Structure):

@@ -13,16 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-import reference
-from launch import ROOT, worker_env
 
 import grace
 from grace.backends import InProcessGroup
 from grace.hierarchy import owner_of
 from grace.sparse import Rows
-
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import cluster  # noqa: E402
+from scripts import cluster
+from tests import reference
+from tests.launch import ROOT, worker_env
 
 
 def step(pipelines, group, grads, names, scale):

@@ -1,16 +1,12 @@
-"""scripts/horovod_examples.py changes Horovod's TF2 examples by exact substitutions (the examples
+"""scripts/tools/horovod_examples.py changes Horovod's TF2 examples by exact substitutions (the examples
 themselves come from a Horovod checkout, which this suite does not have): each must apply, a text
 that has moved fails loudly, and nothing but the named lines changes."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-import horovod_examples  # noqa: E402
+from scripts.tools import horovod_examples
 
 EXAMPLES = ("tensorflow2_synthetic_benchmark.py", "tensorflow2_mnist.py", "tensorflow2_keras_mnist.py")
 

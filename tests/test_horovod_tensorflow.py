@@ -8,11 +8,11 @@ import json
 
 import numpy as np
 import pytest
-import reference
-from common import LR
-from test_horovod_torch import TOL, assert_steps_alike, check, load
 
 import grace
+from tests import reference
+from tests.test_horovod_torch import TOL, assert_steps_alike, check, load
+from tests.workers.common import LR
 
 STEPS = 10
 TOPK_BYTES = STEPS * (64 * 4 + 64 * 4 + 8 * 4)
@@ -146,7 +146,7 @@ def test_every_compressor_steps_alike_on_two_workers(tf_run, name):
 
 # --- the optimizer's momentum taken over (grace.momentum) ----------------------------------------
 def test_keras_sgd_momentum_is_taken_over_by_dgc(tf_run):
-    from test_momentum import DENSE_MOMENTUM, M
+    from tests.test_momentum import DENSE_MOMENTUM, M
 
     infos = check(tf_run, "keras_dgc_momentum", reference.simulate(
         reference.with_velocity(reference.largest(0.05), M, mask=True), momentum=DENSE_MOMENTUM))
@@ -156,7 +156,7 @@ def test_keras_sgd_momentum_is_taken_over_by_dgc(tf_run):
 def test_keras_keep_optimizer_leaves_sgds_momentum_to_keras(tf_run):
     """keep_optimizer=True: Keras's SGD keeps its momentum 0.9 (applied after the exchange, on W
     and b), DGC applies none of its own, and says so; nothing is said of a takeover."""
-    from test_momentum import M
+    from tests.test_momentum import M
 
     infos = check(tf_run, "keras_dgc_keep_optimizer", reference.simulate(
         reference.with_velocity(reference.largest(0.05), 0.0, mask=True), momentum={"w": M, "b": M}))
@@ -227,14 +227,14 @@ def test_horovods_ops_fuse_sums_in_a_graph_only(tf_run):
 def test_tf1_momentum_is_turned_off_for_randomk(tf_run):
     # (Keras names the tensor dense/kernel and transposes it: random-k's indices would differ from
     # the numpy model's, which draws them for "weight".)
-    from test_momentum import DENSE_MOMENTUM
+    from tests.test_momentum import DENSE_MOMENTUM
 
     check(tf_run, "legacy_randomk_momentum", reference.simulate(
         reference.randomk_with_residual(0.05, 3), momentum=DENSE_MOMENTUM))
 
 
 def test_tf1_momentum_optimizer_is_taken_over_by_dgc(tf_run):
-    from test_momentum import DENSE_MOMENTUM, M
+    from tests.test_momentum import DENSE_MOMENTUM, M
 
     check(tf_run, "legacy_dgc_momentum", reference.simulate(
         reference.with_velocity(reference.largest(0.05), M, mask=True), momentum=DENSE_MOMENTUM))

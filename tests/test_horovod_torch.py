@@ -9,11 +9,11 @@ import os
 
 import numpy as np
 import pytest
-import reference
-from common import loss
-from launch import ROOT, horovodrun
 
 import grace
+from tests import reference
+from tests.launch import ROOT, horovodrun
+from tests.workers.common import loss
 
 WORKER = os.path.join(ROOT, "tests", "workers", "torch_train.py")
 TOL = 1e-5
@@ -66,7 +66,7 @@ def test_auto_goes_through_the_owners_from_five_workers(tmp_path):
     owners keeping twice the workers' share), not gathering, said once on rank 0; the same top-k
     told to gather matches the gathering model. The route's price here: after 10 steps the owners'
     loss is 1.2% above gathering's (their keeping only ``k``: 3.9%), so it is held within 2%."""
-    from common import loss
+    from tests.workers.common import loss
 
     log = horovodrun(WORKER, str(tmp_path), "--scenarios", "topk,topk_allgather", np=5)
     owners = reference.simulate(workers=5, exchange=reference.two_stage_topk(0.05, 5))

@@ -58,7 +58,7 @@ def test_every_access_works_on_the_installed_versions():
     with tf.GradientTape() as tape:
         pass
     wrapper = internals.original("horovod.tensorflow", "DistributedGradientTape")(tape)
-    marker = lambda grads, variables=None, use_generic_names=False: grads  # noqa: E731
+    marker = lambda grads, variables=None, use_generic_names=False: grads
     internals.combine_gradients_with(wrapper, marker)
     assert wrapper._allreduce_grads is marker
 

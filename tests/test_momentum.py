@@ -9,11 +9,11 @@ import os
 
 import numpy as np
 import pytest
-import reference
-from launch import ROOT, horovodrun
-from test_horovod_torch import check
 
 import grace
+from tests import reference
+from tests.launch import ROOT, horovodrun
+from tests.test_horovod_torch import check
 
 WORKER = os.path.join(ROOT, "tests", "workers", "torch_momentum.py")
 M = 0.9

@@ -1,16 +1,14 @@
-"""``scripts/plot_routes.py --seeds``: routes set against the first route seed by seed."""
+"""``scripts/tools/plot_routes.py --seeds``: routes set against the first route seed by seed."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import plot_routes  # noqa: E402
+from scripts.tools import plot_routes  # noqa: E402
 
 
 def run(communicator, seed, accuracies, **params):

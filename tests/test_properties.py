@@ -262,7 +262,7 @@ def run_threads(functions):
     def call(fn):
         try:
             fn()
-        except Exception as e:  # noqa: BLE001 (re-raised below, in the test's thread)
+        except Exception as e:
             errors.append(e)
 
     threads = [threading.Thread(target=call, args=(fn,)) for fn in functions]

@@ -5,13 +5,11 @@ table shows seed 0."""
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import quality  # noqa: E402
+from scripts import quality  # noqa: E402
 
 
 def run(compression: str, seed: int, accuracy: float) -> dict:
@@ -119,7 +117,7 @@ def test_the_quality_tables_are_what_the_recorded_runs_give(tmp_path):
     runs = sorted(glob.glob(os.path.join(ROOT, "docs", "quality", "runs", "*.json")))
     assert runs
     with open(os.path.join(ROOT, "docs", "quality.md"), encoding="utf-8") as f:
-        assert "scripts/quality.py --out docs/quality --from-json docs/quality/runs/*.json" in f.read()
+        assert "-m scripts.quality --out docs/quality --from-json docs/quality/runs/*.json" in f.read()
     quality.main(["--out", str(tmp_path), "--from-json", *runs])
     for name in ("quality.md", "quality_summary.json"):
         with open(os.path.join(ROOT, "docs", "quality", name), encoding="utf-8") as f:
@@ -136,9 +134,8 @@ def test_the_catalogues_safety_table_is_what_the_recorded_runs_give():
     import glob
     import json
 
-    from docs_blocks import generated_blocks
-
     import grace
+    from tests.docs_blocks import generated_blocks
 
     ((files, body),) = generated_blocks("catalogue.md", "quality.py --from-json")
     paths = sorted(p for pattern in files for p in glob.glob(pattern))

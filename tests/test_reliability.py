@@ -7,8 +7,9 @@ import os
 
 import numpy as np
 import pytest
-from launch import ROOT, horovodrun
-from scenarios import params
+
+from tests.launch import ROOT, horovodrun
+from tests.workers.scenarios import params
 
 TORCH_WORKER = os.path.join(ROOT, "tests", "workers", "torch_resume.py")
 TF_WORKER = os.path.join(ROOT, "tests", "workers", "tf_resume.py")

@@ -5,22 +5,20 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 
 import numpy as np
 import pytest
 
+from scripts import compare, workloads
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import compare  # noqa: E402
-import workloads  # noqa: E402
 
 
 def test_the_model_has_torchvisions_resnet50_parameters_in_their_order():
     """The same 161 tensors, shapes and order as torchvision's ``resnet50()`` (listed by hand in
     ``workloads.resnet50_shapes`` from torchvision's definition: 25,557,032 parameters), so that
     the gradients the workload exchanges are those of the model users train."""
-    from resnet import ResNet50
+    from scripts.resnet import ResNet50
 
     model = ResNet50()
     got = [tuple(p.shape) for p in model.parameters()]
@@ -50,7 +48,8 @@ def test_the_model_downsamples_as_torchvision_v1_5_and_trains():
     2x2; He-normal fan-out weights; a few SGD steps on one fixed batch lower its loss (a model
     whose backward did not reach every layer would not fit 4 images)."""
     import torch
-    from resnet import ResNet50
+
+    from scripts.resnet import ResNet50
 
     torch.manual_seed(0)
     model = ResNet50(classes=10)

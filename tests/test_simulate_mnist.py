@@ -1,4 +1,4 @@
-"""scripts/simulate_mnist.py trains what it says: simulated workers exchanging through grace's own
+"""scripts/studies/simulate_mnist.py trains what it says: simulated workers exchanging through grace's own
 pipelines reach the accuracy of the quality benchmark's first epoch, through the shards' owners as
 well, and bad settings are refused naming the option."""
 
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "scripts", "simulate_mnist.py")
+SCRIPT = ["-m", "scripts.studies.simulate_mnist"]  # run from the checkout (cwd=ROOT)
 
 
 RUNS = {
@@ -30,7 +30,7 @@ OWNERS_WITHIN_POINTS = 3.0
 @pytest.fixture(scope="module")
 def runs():
     """The simulations at once: each is one single-threaded process."""
-    started = {name: subprocess.Popen([sys.executable, SCRIPT, *args], stdout=subprocess.PIPE,
+    started = {name: subprocess.Popen([sys.executable, *SCRIPT, *args], stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                       env={**os.environ, "OMP_NUM_THREADS": "1"})
                for name, args in RUNS.items()}
@@ -89,8 +89,7 @@ def test_four_workers_train_through_the_shards_owners_as_well_as_gathered(runs):
     (["--optimizer", "lamb"], "argument --optimizer: invalid choice: 'lamb'"),
 ])
 def test_bad_settings_are_refused_naming_the_option(args, message, capsys):
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    import simulate_mnist
+    from scripts.studies import simulate_mnist
 
     with pytest.raises(SystemExit) as exit_:
         simulate_mnist.main(args)
@@ -104,8 +103,7 @@ def test_adams_directions_are_the_steps_torchs_adam_takes():
     (float32: within 1e-6 of a step of 1e-3 per element)."""
     import torch
 
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    import simulate_mnist
+    from scripts.studies import simulate_mnist
 
     torch.manual_seed(0)
     weights = torch.randn(5, 3)
@@ -141,8 +139,7 @@ def test_the_held_estimate_refreshes_the_drawn_entries_and_keeps_the_rest():
     the same arithmetic done here, on random-k's own shared draw (exact: the same float32 sums)."""
     import torch
 
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))
-    import simulate_mnist
+    from scripts.studies import simulate_mnist
 
     params = [torch.zeros(4000), torch.zeros(10)]
     pipeline = simulate_mnist.build_pipelines("randomk:min_kept=1", 1)[0]

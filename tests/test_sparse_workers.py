@@ -8,7 +8,8 @@ import json
 import os
 
 import pytest
-from launch import ROOT, horovodrun
+
+from tests.launch import ROOT, horovodrun
 
 TORCH_WORKER = os.path.join(ROOT, "tests", "workers", "torch_sparse.py")
 

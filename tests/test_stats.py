@@ -7,7 +7,8 @@ import json
 import os
 
 import pytest
-from launch import ROOT, horovodrun
+
+from tests.launch import ROOT, horovodrun
 
 WORKER = os.path.join(ROOT, "tests", "workers", "torch_stats.py")
 CASES = ["none", "fp16", "randomk", "powersgd", "topk", "threshold", "adaq", "qsgd", "topk_broadcast",

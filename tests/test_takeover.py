@@ -10,10 +10,11 @@ import os
 
 import numpy as np
 import pytest
-import reference
-from launch import ROOT, horovodrun
-from test_horovod_torch import check
-from test_momentum import DENSE_MOMENTUM, info
+
+from tests import reference
+from tests.launch import ROOT, horovodrun
+from tests.test_horovod_torch import check
+from tests.test_momentum import DENSE_MOMENTUM, info
 
 WORKER = os.path.join(ROOT, "tests", "workers", "torch_takeover.py")
 

@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import pytest
-from docs_blocks import generated_blocks
+
+from tests.docs_blocks import generated_blocks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import compare  # noqa: E402
-import time_to_accuracy as tta  # noqa: E402
+from scripts import compare  # noqa: E402
+from scripts import time_to_accuracy as tta  # noqa: E402
 
 TOPK = json.dumps({"compressor": "topk", "ratio": 0.01})
 SIGN = json.dumps({"compressor": "signsgd"})

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 
 import pytest
-from docs_blocks import generated_blocks
+
+from scripts import compare, quality, torch_hooks
+from tests.docs_blocks import generated_blocks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import compare  # noqa: E402
-import quality  # noqa: E402
-import torch_hooks  # noqa: E402
 
 MLP = [(512, 784), (512,), (256, 512), (256,), (10, 256), (10,)]  # the mnist MLP, torch.nn.Linear
 
@@ -92,7 +89,7 @@ def test_hooks_that_cannot_run_on_gloo_are_refused_saying_why():
 
 
 def test_the_worker_refuses_a_hook_of_the_other_engine_before_starting_one():
-    import compare_worker
+    from scripts import compare_worker
 
     with pytest.raises(SystemExit, match="PyTorch's DDP hooks run with --framework ddp"):
         compare_worker.main(["--framework", "torch", "--workload", "mnist", "--compression", "torch-fp16"])

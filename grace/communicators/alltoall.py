@@ -248,7 +248,7 @@ def _bytes_from_others(per_worker: list[dict], rank: int, ops: Ops) -> Any:
 
 ALLTOALL_FROM = 5
 """The job size from which ``communicator="auto"`` exchanges through the shards' owners. The cost
-model (``scripts/cost_model.py``, docs/results.md) puts the crossover, where the two stages' bytes
+model (``scripts/tools/cost_model.py``, docs/results.md) puts the crossover, where the two stages' bytes
 ``(1 + s) (n-1)/n`` beat gathering's ``n-1`` payloads once the second collective's latency and the
 owners' decode and re-encode are paid, at 3 to 5 workers for every compressor at 1 to 100 Gbit/s
 (1-bit, whose owners send two passes, at 4; top-k, whose owners keep twice the workers' share,

@@ -37,7 +37,7 @@ class TwoBit(Tabled, Compressor):
     name = "twobit"
     default_memory = "momentum"  # error feedback on the velocity, SGD's momentum taken over
     default_communicator = "allgather"
-    # Measured (scripts/simulate_mnist.py, 4 workers, one pass, seeds 0-2, docs/quality.md "Two-bit
+    # Measured (scripts/studies/simulate_mnist.py, 4 workers, one pass, seeds 0-2, docs/quality.md "Two-bit
     # quantization"): 7.7 to 16.1 points below gathering, where 1-bit SGD loses 2.1.
     owners_caution = ("an owner's second two-bit encoding holds most of its shard's sum back in its "
                       "residual, behind the workers' own: a second delay that costs accuracy")

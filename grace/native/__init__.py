@@ -40,7 +40,7 @@ MIN_NUMEL = 1 << 12
 CROSSING_MIN_NUMEL = 1 << 16
 """The same for an adapter whose every call crosses into the host at a fixed cost (TensorFlow's
 ``tf.numpy_function``: tens of microseconds, which its own kernels beat on smaller tensors).
-Measured in pairs within one process (``scripts/crossing.py``, docs/performance.md): from 2¹⁶
+Measured in pairs within one process (``scripts/studies/crossing.py``, docs/performance.md): from 2¹⁶
 rather than 2¹⁸, TensorFlow's EF-signSGD step on ResNet-50's gradients took 0.80 of the time at one
 worker and 0.86 at two, 1-bit 0.82, QSGD 0.92, top-k 0.83; random-k and DGC stayed within the
 noise. From 2¹⁴ gained nothing more and cost DGC 9%."""

@@ -14,16 +14,13 @@ import argparse
 import hashlib
 import json
 import os
-import sys
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import fashion_mnist  # noqa: E402
-
 import grace  # noqa: E402
 from grace.compressors import sign  # noqa: E402
+from scripts import fashion_mnist  # noqa: E402
 
 HIDDEN, BATCH, LR, MOMENTUM = 128, 64, 0.05, 0.9
 TEST_IMAGES = 2000

@@ -13,15 +13,13 @@ import os
 import sys
 
 import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, os.path.dirname(__file__))
-import sparse_model  # noqa: E402
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from common import CATALOGUE_LR, LR, batch, torch_linear  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
-
-import grace  # noqa: E402
+import grace
+from tests.workers import sparse_model
+from tests.workers.common import CATALOGUE_LR, LR, batch, torch_linear
 
 parser = argparse.ArgumentParser()
 parser.add_argument("outdir")

@@ -10,13 +10,12 @@ import os
 import pickle
 import sys
 
+import horovod.tensorflow as hvd
 import numpy as np
+import tensorflow as tf
 
-sys.path.insert(0, os.path.dirname(__file__))
-import horovod.tensorflow as hvd  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from common import LR, batch, init_weights  # noqa: E402
-from scenarios import build, names  # noqa: E402
+from tests.workers.common import LR, batch, init_weights
+from tests.workers.scenarios import build, names
 
 COMPRESSORS = {name: (lambda name=name: build(name)) for name in names("tf", "nonfinite")}
 OVERFLOW_STEP = 3

@@ -7,15 +7,13 @@ from __future__ import annotations
 import os
 import sys
 
+import horovod.tensorflow as hvd
 import numpy as np
+import tensorflow as tf
 
-sys.path.insert(0, os.path.dirname(__file__))
-import horovod.tensorflow as hvd  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from common import LR, batch, init_weights  # noqa: E402
-from scenarios import build, names  # noqa: E402
-
-from frameworks.tensorflow.checkpoint import CompressionState  # noqa: E402
+from frameworks.tensorflow.checkpoint import CompressionState
+from tests.workers.common import LR, batch, init_weights
+from tests.workers.scenarios import build, names
 
 outdir, phases = sys.argv[1], sys.argv[2]
 tf.config.threading.set_intra_op_parallelism_threads(1)

@@ -11,17 +11,26 @@ import json
 import os
 import sys
 
+import horovod.tensorflow as hvd
+import horovod.tensorflow.keras as hvd_keras
+import keras
 import numpy as np
+import tensorflow as tf
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import horovod.tensorflow as hvd  # noqa: E402
-import horovod.tensorflow.keras as hvd_keras  # noqa: E402
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from sparse_model import BAG, BATCH, CLASSES, LR, POSITION, TABLE, WIDTH, batch, initial_weights, numpy_run  # noqa: E402
-
-import grace  # noqa: E402
-from frameworks.tensorflow import CompressionState  # noqa: E402
+import grace
+from frameworks.tensorflow import CompressionState
+from tests.workers.sparse_model import (
+    BAG,
+    BATCH,
+    CLASSES,
+    LR,
+    POSITION,
+    TABLE,
+    WIDTH,
+    batch,
+    initial_weights,
+    numpy_run,
+)
 
 outdir = sys.argv[1]
 hvd.init()

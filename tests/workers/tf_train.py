@@ -9,19 +9,16 @@ import argparse
 import json
 import logging
 import os
-import sys
 
+import horovod.tensorflow as hvd
+import horovod.tensorflow.keras as hvd_keras
+import keras
 import numpy as np
+import tensorflow as tf
 
-sys.path.insert(0, os.path.dirname(__file__))
-import horovod.tensorflow as hvd  # noqa: E402
-import horovod.tensorflow.keras as hvd_keras  # noqa: E402
-import keras  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from common import BATCH, CATALOGUE_LR, LR, batch, init_weights  # noqa: E402
-
-import grace  # noqa: E402
-from frameworks.tensorflow.keras import BroadcastGlobalVariablesCallback  # noqa: E402
+import grace
+from frameworks.tensorflow.keras import BroadcastGlobalVariablesCallback
+from tests.workers.common import BATCH, CATALOGUE_LR, LR, batch, init_weights
 
 parser = argparse.ArgumentParser()
 parser.add_argument("outdir")

@@ -32,9 +32,7 @@ import numpy as np
 import torch
 
 import grace
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import reference  # noqa: E402  (tests/reference.py: the numpy models)
+from tests import reference
 
 outdir, compression = sys.argv[1], sys.argv[2]  # "topk" (top-k(0.3), error feedback) or "none"
 STEPS, LEAVE, JOIN, LR = 12, 4, 8, 0.1

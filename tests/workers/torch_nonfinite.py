@@ -13,13 +13,12 @@ import math
 import os
 import sys
 
+import horovod.torch as hvd
 import numpy as np
+import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-import horovod.torch as hvd  # noqa: E402
-import torch  # noqa: E402
-from common import LR, batch, scaled_step, torch_linear  # noqa: E402
-from scenarios import build, names  # noqa: E402
+from tests.workers.common import LR, batch, scaled_step, torch_linear
+from tests.workers.scenarios import build, names
 
 COMPRESSORS = {name: (lambda name=name: build(name)) for name in names("torch", "nonfinite")}
 COMPRESSORS["topk_unchecked"] = lambda: build("topk", check_finite=False)  # the control

@@ -9,14 +9,12 @@ from __future__ import annotations
 import os
 import sys
 
+import horovod.torch as hvd
 import numpy as np
+import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-import horovod.torch as hvd  # noqa: E402
-import torch  # noqa: E402
-from common import LR, torch_linear, train_linear  # noqa: E402
-
-import grace  # noqa: E402
+import grace
+from tests.workers.common import LR, torch_linear, train_linear
 
 outdir = sys.argv[1]
 torch.set_num_threads(1)

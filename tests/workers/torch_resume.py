@@ -12,14 +12,13 @@ from __future__ import annotations
 import os
 import sys
 
+import horovod.torch as hvd
 import numpy as np
+import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-import horovod.torch as hvd  # noqa: E402
-import torch  # noqa: E402
-from common import LR, torch_linear, train_linear  # noqa: E402
-from scenarios import build as build_compression  # noqa: E402
-from scenarios import names  # noqa: E402
+from tests.workers.common import LR, torch_linear, train_linear
+from tests.workers.scenarios import build as build_compression
+from tests.workers.scenarios import names
 
 outdir, phase = sys.argv[1], sys.argv[2]
 torch.set_num_threads(1)

@@ -11,15 +11,24 @@ import json
 import os
 import sys
 
+import horovod.torch as hvd
 import numpy as np
+import torch
+from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import horovod.torch as hvd  # noqa: E402
-import torch  # noqa: E402
-from sparse_model import BAG, BATCH, CLASSES, LR, POSITION, TABLE, WIDTH, batch, initial_weights, numpy_run  # noqa: E402
-from torch import nn  # noqa: E402
-
-import grace  # noqa: E402,F401  (routes hvd.DistributedOptimizer)
+import grace
+from tests.workers.sparse_model import (
+    BAG,
+    BATCH,
+    CLASSES,
+    LR,
+    POSITION,
+    TABLE,
+    WIDTH,
+    batch,
+    initial_weights,
+    numpy_run,
+)
 
 outdir = sys.argv[1]
 torch.set_num_threads(1)

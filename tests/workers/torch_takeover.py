@@ -16,14 +16,12 @@ import os
 import sys
 import warnings
 
+import horovod.torch as hvd
 import numpy as np
+import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
-import horovod.torch as hvd  # noqa: E402
-import torch  # noqa: E402
-from common import LR, batch, scaled_step, torch_linear, train_linear  # noqa: E402
-
-import grace  # noqa: E402
+import grace
+from tests.workers.common import LR, batch, scaled_step, torch_linear, train_linear
 
 STEPS, RESUME_AT, OVERFLOW_STEP = 10, 5, 3
 

@@ -8,12 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(__file__))
-from common import CATALOGUE_LR, LR, batch, torch_linear  # noqa: E402
+from tests.workers.common import CATALOGUE_LR, LR, batch, torch_linear
 
 parser = argparse.ArgumentParser()
 parser.add_argument("outdir")

@@ -1,4 +1,4 @@
-"""One side of a comparison of two checkouts (scripts/pipeline_digests.py, pipeline_overhead.py):
+"""One side of a comparison of two checkouts (scripts/tools/pipeline_digests.py, pipeline_overhead.py):
 the comparing script runs itself again with ``--measure ROOT`` in a process that imports grace
 from that checkout, and reads back the JSON the run prints last."""
 
@@ -9,14 +9,20 @@ import os
 import subprocess
 import sys
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
+
 
 def measure_side(script: str, root: str, *args: str) -> dict:
-    """``script --measure root *args`` in a process whose ``PYTHONPATH`` and working folder are
-    the checkout at ``root``; its last line of output, parsed. A failing side raises."""
+    """``script --measure root *args`` in a process whose working folder is the checkout at
+    ``root`` and whose ``PYTHONPATH`` names it first; its last line of output, parsed. A failing
+    side raises."""
     root = os.path.abspath(root)
+    # The checkout's grace first; this checkout's scripts after it, for a checkout from before
+    # scripts/ was a package (whose scripts/ folder then holds no tools/).
+    path = os.pathsep.join([root, ROOT])
     result = subprocess.run([sys.executable, os.path.abspath(script), "--measure", root, *args],
                             capture_output=True, text=True, check=True, cwd=root,
-                            env=dict(os.environ, PYTHONPATH=root))
+                            env=dict(os.environ, PYTHONPATH=path))
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 

@@ -1,7 +1,7 @@
 """Horovod's own TensorFlow 2 examples (``examples/tensorflow2/`` of a Horovod source checkout, not
 shipped in its sdist), run with their compression line changed to grace, on 2 Gloo workers.
 
-    .venv/bin/python scripts/horovod_examples.py /path/to/horovod/examples/tensorflow2 \\
+    .venv/bin/python -m scripts.tools.horovod_examples /path/to/horovod/examples/tensorflow2 \\
         --compressors horovod-none,horovod-fp16,topk,powersgd
 
 Each example is copied to a temporary folder and changed there, by exact text substitutions that fail
@@ -30,8 +30,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
 import grace  # noqa: E402
 

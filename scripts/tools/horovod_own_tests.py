@@ -2,7 +2,7 @@
 shipped in its sdist) with grace compression: every ``hvd.DistributedOptimizer(...)`` those tests
 build without a compression gets ``grace.<name>()`` instead, on 2 Gloo workers.
 
-    .venv/bin/python scripts/horovod_own_tests.py /path/to/horovod/test/parallel/test_torch.py \\
+    .venv/bin/python -m scripts.tools.horovod_own_tests /path/to/horovod/test/parallel/test_torch.py \\
         --compressors none,topk,randomk,powersgd,dgc,efsignsgd
 
 Prints, per compression, the tests that passed and failed. ``horovod`` in the list runs them
@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 # The tests of test_torch.py that build a DistributedOptimizer and run on the CPU.
 TESTS = ("test_broadcast_state", "test_broadcast_state_options", "test_broadcast_state_no_grad",
          "test_force_allreduce", "test_model_parallelism", "test_delta_optimizer",
@@ -31,7 +31,6 @@ TESTS = ("test_broadcast_state", "test_broadcast_state_options", "test_broadcast
 
 CONFTEST = '''
 import os, sys
-sys.path.insert(0, {root!r})
 import torch
 import horovod.torch as hvd
 import grace

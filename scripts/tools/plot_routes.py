@@ -3,7 +3,7 @@ one panel per compressor, its metric against the epoch, a line per communicator 
 the shards' owners, hierarchical), Horovod's fp32 in grey in every panel, and in a table the final
 value of each and its difference to the first route.
 
-    .venv/bin/python scripts/plot_routes.py docs/results/alltoall/mnist-4workers.json \\
+    .venv/bin/python -m scripts.tools.plot_routes docs/results/alltoall/mnist-4workers.json \\
         --out docs/results/alltoall/mnist-4workers.png
 
 With ``--seeds``, runs of several seeds (``compare.py --seed``): per compressor and route, the
@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compare  # noqa: E402
+from scripts import compare
 
 STYLES = [("tab:red", "o", "-"), ("tab:blue", "s", "--"), ("tab:green", "^", ":")]
 

@@ -23,8 +23,8 @@ encode/decode times on ResNet-50's gradients come from ``make bench`` (``--bench
 of collectives per step from grace's own buckets and rounds, the compute time and α from the
 emulated cluster (``--validate``).
 
-    .venv/bin/python scripts/cost_model.py --out docs/results/model        # tables and plots
-    .venv/bin/python scripts/cost_model.py --validate docs/results/onepass/exchange-torch.json
+    .venv/bin/python -m scripts.tools.cost_model --out docs/results/model        # tables and plots
+    .venv/bin/python -m scripts.tools.cost_model --validate docs/results/onepass/exchange-torch.json
 
 ``--validate`` sets the model against measured runs of ``compare.py`` (the exchange workload,
 their workers, link rate, compute and payload): predicted and measured step time and bytes on
@@ -43,15 +43,11 @@ import functools
 import json
 import math
 import os
-import sys
 from dataclasses import dataclass
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import plots  # noqa: E402
-import workloads  # noqa: E402
+from scripts import plots, workloads
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 BENCH = os.path.join(ROOT, "docs", "performance", "bench.json")
 RATES = {"100mbit": 100e6 / 8, "1gbit": 1e9 / 8, "10gbit": 10e9 / 8, "100gbit": 100e9 / 8}
 # What an unshaped veth pair of the emulated cluster carries on this machine (docs/results.md,

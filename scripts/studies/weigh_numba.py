@@ -4,7 +4,7 @@ cost (docs/performance.md, "Why a page of C").
 numba is not a dependency of grace; to run this, put it beside the environment:
 
     .venv/bin/pip install --no-deps --target /tmp/numba numba==0.68.1 llvmlite==0.50.0
-    PYTHONPATH=/tmp/numba .venv/bin/python scripts/weigh_numba.py
+    PYTHONPATH=/tmp/numba .venv/bin/python -m scripts.studies.weigh_numba
 
 The loops are QSGD's stochastic rounding to levels (with the counter-based draws) and the sign bits
 of the sign family, written in numba as the C writes them; both run on one thread.
@@ -18,9 +18,9 @@ import time
 
 os.environ.setdefault("GRACE_NATIVE_THREADS", "1")  # one thread each: the loops, not the pool
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from grace import native  # noqa: E402
+from grace import native
 
 MASK = 0xFFFFFFFF
 

@@ -8,7 +8,7 @@ so far: the host can no longer queue the rest of backward ahead of the GPU, and 
 the host works. On one H200 such waits took grace's top-k hook to 0.28 of DDP's own img/s
 (docs/ddp.md).
 
-    python scripts/find_syncs.py --compressors fp16,topk,qsgd --json out/syncs.json
+    python -m scripts.tools.find_syncs --compressors fp16,topk,qsgd --json out/syncs.json
 """
 
 from __future__ import annotations
@@ -17,21 +17,18 @@ import argparse
 import collections
 import json
 import os
-import sys
 import tempfile
 import traceback
 import warnings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from resnet import ResNet50  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import grace  # noqa: E402
+from scripts.resnet import ResNet50  # noqa: E402
 
 OURS = (os.path.join(ROOT, "grace"), os.path.join(ROOT, "frameworks"))
 

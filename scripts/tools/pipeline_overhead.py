@@ -9,8 +9,8 @@ of the slower worker's time. Each checkout runs in a process of its own, interle
 other's, ``--repeats`` times; the table gives each side's median and the ratio after / before,
 with the range of the repeats' ratios (the machine is noisy: time nothing while another job runs).
 
-    .venv/bin/python scripts/pipeline_overhead.py --before /tmp/old-checkout --after .
-    git worktree add /tmp/old HEAD~1 && .venv/bin/python scripts/pipeline_overhead.py --before /tmp/old
+    .venv/bin/python -m scripts.tools.pipeline_overhead --before /tmp/old-checkout --after .
+    git worktree add /tmp/old HEAD~1 && .venv/bin/python -m scripts.tools.pipeline_overhead --before /tmp/old
 
 One side's measurement alone: ``--measure DIR`` (prints JSON).
 """
@@ -23,9 +23,9 @@ import os
 import statistics
 import time
 
-from checkout_sides import assert_imported_from, measure_side
+from scripts.tools.checkout_sides import assert_imported_from, measure_side
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 DEFAULT = "topk,dgc,powersgd,qsgd,none,fp16,randomk,efsignsgd"
 
 
@@ -42,7 +42,7 @@ def measure(root: str, names: list[str], steps: int) -> dict[str, float]:
     torch.set_num_threads(1)
     ops = grace.ops_for(torch.zeros(1))
     assert_imported_from(root)
-    from workloads import resnet50_shapes  # this script's folder: the shapes do not change
+    from scripts.workloads import resnet50_shapes  # this script's folder: the shapes do not change
 
     shapes = [tuple(shape) for _, shape in resnet50_shapes()][::-1]  # backward's order
     names_of = [f"p{i}" for i in range(len(shapes))]

@@ -2,7 +2,7 @@
 compressor, sampling resident memory and the size of the compression state as it goes; both must stay
 flat after warm-up. Prints a markdown table and writes ``--out`` (JSON and a PNG plot).
 
-    python scripts/soak.py --steps 20000             # launches horovodrun -np 2 itself
+    python -m scripts.tools.soak --steps 20000             # launches horovodrun -np 2 itself
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 STATEFUL = ["topk", "randomk", "threshold", "dgc", "powersgd", "signum", "efsignsgd", "onebit", "adaq",
             "qsgd"]
 

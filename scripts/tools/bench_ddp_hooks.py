@@ -9,9 +9,9 @@ a GPU that is what stands between a compressor and the no-communication limit. W
 (as root) the same runs on N emulated hosts of ``scripts/cluster.py``, one worker each, over links
 of ``--rate``, and each hook's img/s per worker is also given against one worker alone.
 
-    python scripts/bench_ddp_hooks.py --device cuda --json out/hooks.json --plot out/hooks.png
-    python scripts/bench_ddp_hooks.py --device cpu --image 64 --batch 16    # a CPU core
-    sudo .venv/bin/python scripts/bench_ddp_hooks.py --device cpu --image 64 --batch 16 \
+    python -m scripts.tools.bench_ddp_hooks --device cuda --json out/hooks.json --plot out/hooks.png
+    python -m scripts.tools.bench_ddp_hooks --device cpu --image 64 --batch 16    # a CPU core
+    sudo .venv/bin/python -m scripts.tools.bench_ddp_hooks --device cpu --image 64 --batch 16 \
         --hosts 2 --rate 1gbit                       # 2 emulated hosts, against one worker alone
 
 PyTorch's hooks run as their documentation recommends (``torch_hooks.py``).
@@ -27,18 +27,16 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-import torch_hooks  # noqa: E402
-from resnet import ResNet50  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import grace  # noqa: E402
+from scripts import torch_hooks  # noqa: E402
+from scripts.resnet import ResNet50  # noqa: E402
 
 # name -> (hook, a function making its state); None: DDP's own allreduce.
 HOOKS = {
@@ -135,7 +133,7 @@ def on_cluster(args) -> dict:
     drift over the measurement."""
     import subprocess
 
-    import cluster
+    from scripts import cluster
 
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS=str(args.threads),
                GRACE_LINK_RATE=args.rate)

@@ -4,16 +4,14 @@ training (PyTorch, one process, seed 0): the share of its buckets of 512 consecu
 root mean square is below a quarter of the whole tensor's, and the share of those buckets'
 elements that reach one threshold of the tensor's root mean square.
 
-    .venv/bin/python docs/quality/twobit/bucket_scale.py      # from the repository root
+    .venv/bin/python -m scripts.studies.twobit_bucket_scale      # from the repository root
 """
 
-import sys
 
 import numpy as np
 import torch
 
-sys.path.insert(0, "scripts")
-import workloads  # noqa: E402
+from scripts import workloads
 
 BUCKET = 512
 

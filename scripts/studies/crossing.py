@@ -2,7 +2,7 @@
 pairs within one process: where the step's compression turns from TensorFlow's own kernels to
 ``tf.numpy_function`` calls of grace/native (``grace.native.CROSSING_MIN_NUMEL``).
 
-    .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python scripts/crossing.py \\
+    .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python -m scripts.studies.crossing \\
         --compression efsignsgd --crossings 262144,65536 --rounds 16
 
 Steps of separate processes on this shared 2-core machine differ by 10-30% from run to run, more
@@ -18,25 +18,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import horovod.tensorflow as hvd
+import keras
+import numpy as np
+import tensorflow as tf
+from tqdm import tqdm
 
-import horovod.tensorflow as hvd  # noqa: E402
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-import workloads  # noqa: E402
-from compare import parse_compression  # noqa: E402
-from compare_worker import exchange_loss  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-import grace  # noqa: E402
-from grace import native  # noqa: E402
+import grace
+from grace import native
+from scripts import workloads
+from scripts.compare import parse_compression
+from scripts.compare_worker import exchange_loss
 
 
 def build_step(shapes, fixed, params: dict, crossing: int):

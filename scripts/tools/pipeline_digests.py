@@ -10,7 +10,7 @@ half of the steps handing the gradients over to be written into. The digest is a
 result, every worker's ``state_dict()`` and ``stats()``, the pipeline's ``repr``, its notices and
 its buckets. A set-up a compressor refuses is listed as refused, with the first words of why.
 
-    .venv/bin/python scripts/pipeline_digests.py --before /tmp/old-checkout --after .
+    .venv/bin/python -m scripts.tools.pipeline_digests --before /tmp/old-checkout --after .
 
 Prints the rows that differ (none, when nothing changed) and exits 1 if any does.
 """
@@ -23,9 +23,9 @@ import json
 import os
 import sys
 
-from checkout_sides import assert_imported_from, measure_side
+from scripts.tools.checkout_sides import assert_imported_from, measure_side
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 SHAPES = [(64, 300), (300,), (10,), (0,), (128, 64), (7, 7, 3, 3), (2000,)]
 SETUPS = ("plain", "sgd", "adam", "warmup", "bucket", "alltoall", "hierarchical", "sparse")
 

@@ -3,7 +3,7 @@
 collective is in flight until the optimizer collects it (``finish_step``). It shows the buckets
 starting while backward is still running.
 
-    .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python scripts/timeline.py \\
+    .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python -m scripts.tools.timeline \\
         --out docs/results/fused/timeline
 
 ``--model mlp``: a 12-layer MLP (1024 wide, 12.6 M parameters) on random data, SGD,
@@ -19,17 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import horovod.torch as hvd
+import torch
 
-import horovod.torch as hvd  # noqa: E402
-import torch  # noqa: E402
-
-import grace  # noqa: E402
+import grace
 
 
 def main():
@@ -56,7 +52,7 @@ def main():
         loss_of = torch.nn.functional.mse_loss
         base = torch.optim.SGD(model.parameters(), lr=0.01)
     else:
-        from resnet import ResNet50
+        from scripts.resnet import ResNet50
 
         model = ResNet50()
         x, y = torch.randn(16, 3, 64, 64), torch.randint(0, 1000, (16,))

@@ -19,8 +19,8 @@ Two side-by-side extras:
 
 Output: a markdown table on stdout; ``--json FILE``, ``--plot FILE.png``.
 
-    python scripts/bench_compressors.py                       # every compressor, torch and tf
-    python scripts/bench_compressors.py --compressors topk,qsgd --frameworks torch --numel 1000000
+    python -m scripts.tools.bench_compressors                       # every compressor, torch and tf
+    python -m scripts.tools.bench_compressors --compressors topk,qsgd --frameworks torch --numel 1000000
 """
 
 from __future__ import annotations
@@ -36,14 +36,11 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import workloads  # noqa: E402
-
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 import grace  # noqa: E402
 from grace.compressor import Context  # noqa: E402
 from grace.ops import ops_for  # noqa: E402
+from scripts import workloads  # noqa: E402
 
 TARGET_2 = ("topk", "randomk", "signsgd", "onebit", "terngrad", "qsgd")
 
@@ -212,7 +209,7 @@ def bench_catalogue(args) -> list[dict]:
                 result = torch_case(name, tensors, args.repeats, dev, args.warmup)
             else:
                 result = tf_case(name, arrays[case], args.repeats, args.warmup)
-        except Exception as e:  # noqa: BLE001 (a failing case is a row, not a lost table)
+        except Exception as e:
             lines = str(e).strip().splitlines() or [""]
             result = {"error": f"{type(e).__name__}: {lines[-1]}"[:160]}
         if result is None:
@@ -351,7 +348,7 @@ def bench_powersgd(args) -> list[dict]:
     for name, fn in list(contenders.items()):
         try:
             fn()  # warm starts and buffers exist from here on
-        except Exception as e:  # noqa: BLE001 (reported as a row, not hidden)
+        except Exception as e:
             rows.append({"implementation": name, "error": f"{type(e).__name__} {e}".strip()[:100]})
             del contenders[name]
     medians = interleaved_medians(contenders, args.repeats, args.warmup, desc="powersgd")
@@ -370,7 +367,7 @@ def powersgd_in_fresh_process(args) -> list[dict]:
         out = os.path.join(tmp, "powersgd.json")
         subprocess.run([sys.executable, os.path.abspath(__file__), "--skip-catalogue", "--powersgd",
                         "--repeats", str(args.repeats), "--warmup", str(args.warmup), "--json", out],
-                       check=True, stdout=subprocess.DEVNULL)
+                       check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=ROOT))
         with open(out) as f:
             return json.load(f)["powersgd"]
 
@@ -468,7 +465,8 @@ def _fixed_allocator() -> None:
     heap, and the same copy then takes 7 or 50 ms from one repeat to the next; pinned, the figures
     are repeatable."""
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None and sys.platform.startswith("linux"):
-        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(32 << 20), MALLOC_TRIM_THRESHOLD_=str(64 << 20))
+        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(32 << 20), MALLOC_TRIM_THRESHOLD_=str(64 << 20),
+                   PYTHONPATH=ROOT)
         os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env)
 
 

@@ -35,10 +35,11 @@ optimizer's momentum is taken over where the compressor owns it, as the wrappers
 - **the shards' owners against gathering at more workers** (docs/results.md, "Accuracy through the
   owners"): ``--workers 8``.
 
-    .venv/bin/python scripts/simulate_mnist.py --spec fp32 --optimizer adam
-    .venv/bin/python scripts/simulate_mnist.py --spec randomk --optimizer adam --spread 0.9
-    .venv/bin/python scripts/simulate_mnist.py --spec randomk --optimizer adam --held 0.9
-    .venv/bin/python scripts/simulate_mnist.py --spec "topk:ratio=0.01;communicator=alltoall" --workers 8
+    .venv/bin/python -m scripts.studies.simulate_mnist --spec fp32 --optimizer adam
+    .venv/bin/python -m scripts.studies.simulate_mnist --spec randomk --optimizer adam --spread 0.9
+    .venv/bin/python -m scripts.studies.simulate_mnist --spec randomk --optimizer adam --held 0.9
+    .venv/bin/python -m scripts.studies.simulate_mnist \
+        --spec "topk:ratio=0.01;communicator=alltoall" --workers 8
 
 Prints the test accuracy after every pass, and a JSON line with all of them at the end.
 """
@@ -47,23 +48,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from tqdm import tqdm
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import compare  # noqa: E402
-import workloads  # noqa: E402
-from compare_worker import ADAM_LR  # noqa: E402
-
-import grace  # noqa: E402
-from grace.backends import InProcessGroup  # noqa: E402
-from grace.momentum import OptimizerMomentum  # noqa: E402
-from grace.ops import ops_for  # noqa: E402
+import grace
+from grace.backends import InProcessGroup
+from grace.momentum import OptimizerMomentum
+from grace.ops import ops_for
+from scripts import compare, workloads
+from scripts.compare_worker import ADAM_LR
 
 MNIST = workloads.MNIST
 BATCH, MOMENTUM = MNIST["batch"], MNIST["momentum"]

@@ -1,0 +1,93 @@
+"""The checkout's layout as the README states it: ``scripts`` and ``tests`` are packages that
+import each other by module name (``from scripts import compare``), run from the checkout with
+``python -m scripts.<name>``; no module edits the import path to find another; and every command
+and script path the docs give names a module that exists."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+
+from tests.launch import ROOT
+
+DOCS = ["README.md", "Makefile"] + [os.path.join(folder, name)
+                                    for folder, _, names in os.walk(os.path.join(ROOT, "docs"))
+                                    for name in names if name.endswith(".md")]
+
+
+def tracked_python() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split()
+    return [path for path in out if os.path.exists(os.path.join(ROOT, path))]
+
+
+def edits_the_path(tree: ast.AST) -> list[int]:
+    """Lines that change ``sys.path`` (``sys.path.insert(...)``, ``.append``, ``+=``, assignment)."""
+    def is_sys_path(node):
+        return (isinstance(node, ast.Attribute) and node.attr == "path"
+                and isinstance(node.value, ast.Name) and node.value.id == "sys")
+
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and is_sys_path(node.func.value)
+                and node.func.attr in ("insert", "append", "extend")):
+            found.append(node.lineno)
+        if isinstance(node, (ast.Assign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            found += [node.lineno for t in targets if is_sys_path(t)]
+    return sorted(found)
+
+
+def test_no_module_edits_the_import_path():
+    """Found by syntax, not by text: a docstring that mentions sys.path is no edit, and an
+    ``insert`` spelled over two lines is still one."""
+    files = tracked_python()
+    assert len(files) > 100  # the checkout's own files were found
+    offenders = {}
+    for path in files:
+        with open(os.path.join(ROOT, path)) as f:
+            lines = edits_the_path(ast.parse(f.read(), path))
+        if lines:
+            offenders[path] = lines
+    assert offenders == {}
+
+
+def test_the_path_check_finds_each_way_of_editing_the_path():
+    source = ("import sys\nsys.path.insert(0, 'a')\nsys.path.append(\n    'b')\nsys.path += ['c']\n"
+              "sys.path = ['d']\nx = 'sys.path.insert(0, q)'\n")
+    assert edits_the_path(ast.parse(source)) == [2, 3, 5, 6]
+
+
+def modules_named(text: str) -> set[str]:
+    return set(re.findall(r"-m (scripts(?:\.[a-z_]+)+)", text))
+
+
+def test_every_command_in_the_docs_names_a_module_of_scripts():
+    """``python -m scripts.X`` (and ``torchrun -m``) in the README, the Makefile and docs/: X is a
+    file of the package; and every ``scripts/...py`` path they name exists."""
+    commands, paths = set(), set()
+    for doc in DOCS:
+        with open(os.path.join(ROOT, doc)) as f:
+            text = f.read()
+        commands |= modules_named(text)
+        paths |= set(re.findall(r"(?<![\w/.-])(scripts/[a-z_/]+\.py)\b", text))
+    assert {"scripts.compare", "scripts.quality", "scripts.cluster", "scripts.tools.bench_compressors",
+            "scripts.studies.simulate_mnist"} <= commands
+    missing = sorted(m for m in commands
+                     if not os.path.isfile(os.path.join(ROOT, *m.split(".")) + ".py"))
+    assert missing == []
+    assert sorted(p for p in paths if not os.path.isfile(os.path.join(ROOT, p))) == []
+
+
+def test_a_harness_command_runs_from_the_checkout_without_a_path_set():
+    """What the docs tell a user to type, with no ``PYTHONPATH``: the package resolves from the
+    working folder alone."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-m", "scripts.tools.cost_model", "--help"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "usage:" in done.stdout
