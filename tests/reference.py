@@ -344,6 +344,24 @@ def two_stage_twobit(workers, threshold=1.0, block_size=512):
     return two_stage(workers, quantize, quantize)
 
 
+def error_bounded(error_bound=2.0**-10):
+    """INCEPTIONN's encoding of a shard, from its definition, as it decodes: each element (in
+    float32) becomes its nearest multiple of ``error_bound`` (ties to even) where that multiple
+    fits in 15 bits and a sign, else it travels as it is."""
+    def encode(x):
+        x = np.asarray(x, np.float32)
+        steps = np.rint(x * np.float32(1.0 / error_bound))
+        return np.where(np.abs(steps) >= 32768, x, steps * np.float32(error_bound)).astype(np.float64)
+    return encode
+
+
+def two_stage_inceptionn(workers, error_bound=2.0**-10):
+    """INCEPTIONN through the owners (its default residual on both sides): each side sends its
+    shard rounded to multiples of ``error_bound`` and keeps the rounding error (the dropped
+    elements whole)."""
+    return two_stage(workers, error_bounded(error_bound), error_bounded(error_bound))
+
+
 def keep_at_least(threshold):
     """Threshold sparsification of a shard: the entries with ``|x| >= threshold``, the rest zero."""
     return lambda x: np.where(np.abs(x) >= threshold, x, 0.0)

@@ -116,6 +116,27 @@ def test_efsignsgd_equals_the_two_stage_model(workers):
 
 
 @pytest.mark.parametrize("workers", [3, 4])
+def test_inceptionn_equals_the_two_stage_model_and_gathering(workers):
+    """INCEPTIONN through the owners (error feedback on both sides): each worker's shards and each
+    owner's sum plus its residual rounded to multiples of 2^-10; gradients of 0.003 a unit, so
+    that about a third of them round to nothing at first and wait in the workers' residuals. A sum
+    of multiples of the bound is one, so the owners' second rounding loses nothing: their residuals
+    stay zero and the result is gathering's, step by step."""
+    pipelines = [grace.inceptionn(communicator="alltoall") for _ in range(workers)]
+    assert_matches_the_model(pipelines, reference.two_stage_inceptionn(workers), atol=1e-6,
+                             scale=0.003)
+    for pipeline in pipelines:
+        for held in pipeline.state_dict()["owner_memory"]["residuals"].values():
+            assert not np.asarray(held).any()
+    through = [grace.inceptionn(communicator="alltoall") for _ in range(workers)]
+    gathered = [grace.inceptionn(communicator="allgather") for _ in range(workers)]
+    for step in range(5):
+        grads = [[0.003 * gaussian((30, 101), 100 * step + r)] for r in range(workers)]
+        np.testing.assert_allclose(exchange(through, grads, 1.0 / workers)[0][0],
+                                   exchange(gathered, grads, 1.0 / workers)[0][0], atol=1e-7, rtol=0)
+
+
+@pytest.mark.parametrize("workers", [3, 4])
 def test_threshold_equals_the_two_stage_model(workers):
     """Threshold through the owners: both sides send the entries at or above the threshold and
     keep the rest (gradients of 0.004 a unit: about 1% pass at first, then what residuals hold)."""
