@@ -25,7 +25,7 @@ optimizer's momentum is taken over where the compressor owns it, as the wrappers
   (``BETA`` 0: the gradient itself), the random-k entries of ``v`` are averaged, and each is held
   in the estimate, which the optimizer steps on every step, until it is drawn again. Adam then sees
   values of the gradient's own size on every step, however late.
-- **random-k with Adam's moments taken over** (the default since 2026-11-27, as the wrappers do it:
+- **random-k with Adam's moments taken over** (the default, as the wrappers do it:
   ``grace.second_moment``): the tensors random-k compresses step by ``lr * burst / (sqrt(v) +
   eps)`` with every worker's second moment ``v``, Adam the rest; the studies above keep Adam on the
   bursts, as before. ``randomk:take_adam_moments=False`` runs Adam on the bursts without them.
