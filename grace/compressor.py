@@ -15,6 +15,13 @@ from grace.validation import check_int
 
 Payload = list  # list[Tensor]: what goes into the collectives, in a fixed order
 
+MODELS = {"mnist-sgd": "the mnist MLP with SGD and momentum", "mnist-adam": "the mnist MLP with Adam",
+          "cnn-sgd": "a small CNN with SGD and momentum", "cnn-adam": "a small CNN with Adam",
+          "lstm-sgd": "a character LSTM with plain SGD",
+          "words-sgd": "a word model with a sparse embedding and plain SGD"}
+"""The quality benchmark's models and optimizers (docs/quality.md), as ``Compressor.shortfalls``
+names them."""
+
 
 @dataclass
 class Context:
@@ -152,6 +159,10 @@ class Compressor(ABC):
     - ``owners_caution``: where the owners' second encoding of its combined payloads
       (``communicator="alltoall"``) is measured to cost accuracy that gathering keeps, why, else
       ``None``; ``communicator="auto"`` then gathers its payloads at any size.
+    - ``shortfalls``: the models of the quality benchmark (``MODELS``) on which the compressor at
+      its defaults is measured short of its target (docs/quality/safety.md), each with what was
+      measured, why where known, and the setting that works there; the wrapper says them in one
+      line on rank 0 as it is built (``shortfall_notice``).
     - ``passes_through``: its payload is the tensor itself (``none``), so a sum of payloads
       carries any Inf or NaN in it to every worker.
     - ``can_take_second_moment``: its payload can carry Adam's second moment beside the values
@@ -171,6 +182,7 @@ class Compressor(ABC):
     layout_sensitive: ClassVar[bool] = False
     adam_caution: ClassVar[str | None] = None
     owners_caution: ClassVar[str | None] = None
+    shortfalls: ClassVar[dict[str, str]] = {}
     sends_exactly: ClassVar[bool] = False
     passes_through: ClassVar[bool] = False
     can_take_second_moment: ClassVar[bool] = False
@@ -256,6 +268,15 @@ class Compressor(ABC):
         """A sentence saying how this compressor, as built, departs from what the user set (e.g. a
         floor under ``ratio``), for the wrapper to log once on rank 0; ``None`` when it does not."""
         return None
+
+    def shortfall_notice(self) -> str | None:
+        """The line the wrapper logs once on rank 0 where this compressor, at its defaults, is
+        measured short of its quality target on some model (``shortfalls``), else ``None``."""
+        if not self.shortfalls:
+            return None
+        found = "; ".join(f"on {MODELS[case]}, {what}" for case, what in self.shortfalls.items())
+        return (f"grace: {self.name} at its defaults is measured short of uncompressed training "
+                f"{found} (docs/quality/safety.md)")
 
     def learning_rate_notice(self, lr: float | None, optimizer_momentum: float = 0.0) -> str | None:
         """Where this compressor needs a learning rate far from ``lr`` (the optimizer's at its first

@@ -135,12 +135,14 @@ class Takeover:
     def notices(self, size: int, optimizer_seen: bool, wrapper: str) -> list[str]:
         """The sentences a wrapper logs once on rank 0 when it is built for a job of ``size``
         workers: each way the pipeline departs from what the user set and nothing else says
-        (the takeover lines aside): a compressor's floor under its ratio, the route
+        (the takeover lines aside): a compressor's floor under its ratio, the models it is
+        measured short on with the setting that works there (``Compressor.shortfalls``), the route
         ``communicator="auto"`` takes at this size, a compressor's own momentum kept over an
         optimizer without one, and, where the wrapper sees no optimizer (``optimizer_seen=False``:
         ``DistributedGradientTape``, or a DDP hook: ``wrapper`` names it), the momentum a
         compressor applies itself or needs to be given."""
-        lines = [self.compressor.notice(), self.communicator.notice(size, self.compressor.name),
+        lines = [self.compressor.notice(), self.compressor.shortfall_notice(),
+                 self.communicator.notice(size, self.compressor.name),
                  *self._kept_notes]
         part = self.part
         if not optimizer_seen and part is not None and not self.keep_optimizer:

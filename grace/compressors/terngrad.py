@@ -20,6 +20,13 @@ class TernGrad(Seeded, Compressor):
     Reduce Communication in Distributed Deep Learning", NeurIPS 2017."""
 
     name = "terngrad"
+    # Measured by the quality benchmark (docs/quality.md, docs/quality/safety.md).
+    shortfalls = {
+        "words-sgd": "+116% perplexity (PyTorch), rising after its first epochs: one scale per "
+                     "layer, clipped at 2.5 standard deviations, cannot carry the output layer's "
+                     "few large gradients (+68% with clip=None, +84% with a residual); efsignsgd "
+                     "and onebit, at 1-2 bits an element too, end within 2% there",
+    }
     default_communicator = "allgather"
 
     def __init__(self, seed: int = 0, clip: float | None = 2.5):
