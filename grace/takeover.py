@@ -132,6 +132,16 @@ class Takeover:
             return None
         return f"grace: {self.compressor.name} with {optimizer}: {caution}"
 
+    def shortfall_notice(self) -> str | None:
+        """``Compressor.shortfall_notice`` where the compression is the one measured: the
+        compressor's default parameters and memory, no momentum given. A user who set any of them
+        (``qsgd(levels=127)``, ``dgc(momentum=0.9)``) runs something the line does not describe."""
+        compressor, part = self.compressor, self.part
+        measured = (compressor.params() == type(compressor)().params()
+                    and self.memory.name == compressor.default_memory
+                    and (part is None or part.momentum_given is None))
+        return compressor.shortfall_notice() if measured else None
+
     def notices(self, size: int, optimizer_seen: bool, wrapper: str) -> list[str]:
         """The sentences a wrapper logs once on rank 0 when it is built for a job of ``size``
         workers: each way the pipeline departs from what the user set and nothing else says
@@ -141,7 +151,7 @@ class Takeover:
         optimizer without one, and, where the wrapper sees no optimizer (``optimizer_seen=False``:
         ``DistributedGradientTape``, or a DDP hook: ``wrapper`` names it), the momentum a
         compressor applies itself or needs to be given."""
-        lines = [self.compressor.notice(), self.compressor.shortfall_notice(),
+        lines = [self.compressor.notice(), self.shortfall_notice(),
                  self.communicator.notice(size, self.compressor.name),
                  *self._kept_notes]
         part = self.part

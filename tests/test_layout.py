@@ -25,20 +25,28 @@ def tracked_python() -> list[str]:
 
 
 def edits_the_path(tree: ast.AST) -> list[int]:
-    """Lines that change ``sys.path`` (``sys.path.insert(...)``, ``.append``, ``+=``, assignment)."""
+    """Lines that change ``sys.path`` (``sys.path.insert(...)``, ``.append``, ``.extend``,
+    ``+=``, assignment, a slice of it assigned or deleted), import ``path`` from ``sys`` to do so,
+    or add a site folder (``site.addsitedir``)."""
     def is_sys_path(node):
+        if isinstance(node, ast.Subscript):
+            node = node.value
         return (isinstance(node, ast.Attribute) and node.attr == "path"
                 and isinstance(node.value, ast.Name) and node.value.id == "sys")
 
     found = []
     for node in ast.walk(tree):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and is_sys_path(node.func.value)
-                and node.func.attr in ("insert", "append", "extend")):
+                and (is_sys_path(node.func.value)
+                     and node.func.attr in ("insert", "append", "extend", "remove", "pop", "clear")
+                     or node.func.attr == "addsitedir")):
             found.append(node.lineno)
-        if isinstance(node, (ast.Assign, ast.AugAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
             found += [node.lineno for t in targets if is_sys_path(t)]
+        if isinstance(node, ast.ImportFrom) and node.module == "sys" and any(
+                alias.name == "path" for alias in node.names):
+            found.append(node.lineno)
     return sorted(found)
 
 
@@ -58,12 +66,13 @@ def test_no_module_edits_the_import_path():
 
 def test_the_path_check_finds_each_way_of_editing_the_path():
     source = ("import sys\nsys.path.insert(0, 'a')\nsys.path.append(\n    'b')\nsys.path += ['c']\n"
-              "sys.path = ['d']\nx = 'sys.path.insert(0, q)'\n")
-    assert edits_the_path(ast.parse(source)) == [2, 3, 5, 6]
+              "sys.path = ['d']\nx = 'sys.path.insert(0, q)'\nsys.path[:0] = ['e']\n"
+              "from sys import path\nsite.addsitedir('f')\ndel sys.path[0]\nprint(sys.path)\n")
+    assert edits_the_path(ast.parse(source)) == [2, 3, 5, 6, 8, 9, 10, 11]
 
 
 def modules_named(text: str) -> set[str]:
-    return set(re.findall(r"-m (scripts(?:\.[a-z_]+)+)", text))
+    return set(re.findall(r"-m (scripts(?:\.[a-z_0-9]+)+)", text))
 
 
 def test_every_command_in_the_docs_names_a_module_of_scripts():
@@ -77,10 +86,27 @@ def test_every_command_in_the_docs_names_a_module_of_scripts():
         paths |= set(re.findall(r"(?<![\w/.-])(scripts/[a-z_/]+\.py)\b", text))
     assert {"scripts.compare", "scripts.quality", "scripts.cluster", "scripts.tools.bench_compressors",
             "scripts.studies.simulate_mnist"} <= commands
+    assert "scripts/compare.py" in paths and len(paths) >= 5  # the paths were found
     missing = sorted(m for m in commands
                      if not os.path.isfile(os.path.join(ROOT, *m.split(".")) + ".py"))
     assert missing == []
     assert sorted(p for p in paths if not os.path.isfile(os.path.join(ROOT, p))) == []
+    for module in commands:  # a command runs something: the module has a main block
+        with open(os.path.join(ROOT, *module.split(".")) + ".py") as f:
+            assert 'if __name__ == "__main__":' in f.read(), module
+
+
+def test_the_docs_give_no_script_to_run_by_its_path():
+    """A module of the package imports its neighbours as ``scripts.<name>``, which a file run by
+    its path cannot: the docs say ``python -m scripts.<name>``, never ``python scripts/<name>.py``
+    nor a script path followed by its options."""
+    by_path = []
+    for doc in DOCS:
+        with open(os.path.join(ROOT, doc)) as f:
+            for number, line in enumerate(f, 1):
+                if re.search(r"python3? (\./)?scripts/|(?<![\w/.-])scripts/[a-z_/]+\.py --", line):
+                    by_path.append(f"{doc}:{number}")
+    assert by_path == []
 
 
 def test_a_harness_command_runs_from_the_checkout_without_a_path_set():

@@ -119,7 +119,7 @@ def test_the_quality_tables_are_what_the_recorded_runs_give(tmp_path):
     with open(os.path.join(ROOT, "docs", "quality.md"), encoding="utf-8") as f:
         assert "-m scripts.quality --out docs/quality --from-json docs/quality/runs/*.json" in f.read()
     quality.main(["--out", str(tmp_path), "--from-json", *runs])
-    for name in ("quality.md", "quality_summary.json"):
+    for name in ("quality.md", "quality_summary.json", "safety.md"):
         with open(os.path.join(ROOT, "docs", "quality", name), encoding="utf-8") as f:
             committed = f.read()
         regenerated = (tmp_path / name).read_text(encoding="utf-8")
