@@ -59,8 +59,10 @@ def parse_args(argv=None):
     parser.add_argument("--clip", type=float, default=None,
                         help="the LSTM's gradient clipping norm (default: the workload's; 0: none)")
     parser.add_argument("--init", choices=("default", "glorot"), default="default",
-                        help="mnist, PyTorch: glorot initializes the layers as Keras's Dense does "
-                             "(Glorot-uniform weights, zero biases) instead of torch.nn.Linear's own")
+                        help="mnist and lstm, PyTorch: glorot initializes the layers as Keras does "
+                             "(Dense: Glorot-uniform weights, zero biases; LSTM: Glorot-uniform "
+                             "input weights, orthogonal recurrent ones, zero biases but the forget "
+                             "gate's 1; Embedding: uniform in +-0.05) instead of PyTorch's own")
     parser.add_argument("--layout", choices=("torch", "keras"), default="torch",
                         help="mnist, PyTorch: keras stores each layer's weight as Keras's Dense "
                              "kernel does, (inputs, outputs), so that its gradient is laid out "
@@ -259,6 +261,8 @@ def run_torch(args, spec):
                 return self.out(self.lstm(self.embed(x))[0])
 
         model = CharLSTM()
+        if args.init == "glorot":
+            keras_init_lstm(model.embed, model.lstm, model.out)
         base = torch_optimizer(args, model.parameters(), learning_rate(args, cfg), 0.0)
 
         def batch():
@@ -452,6 +456,28 @@ def torch_optimizer(args, params, lr: float, momentum: float):
         betas = {} if args.momentum is None else {"betas": (args.momentum, 0.999)}
         return torch.optim.Adam(params, lr=lr, **eps, **betas)
     return torch.optim.SGD(params, lr=lr, momentum=momentum if args.momentum is None else args.momentum)
+
+
+def keras_init_lstm(embed, lstm, out) -> None:
+    """Keras's initialization of the character LSTM's layers, on PyTorch's (``--init glorot``):
+    ``Embedding`` uniform in [-0.05, 0.05]; ``LSTM`` Glorot-uniform input weights, orthogonal
+    recurrent weights, zero biases with the forget gate's at 1 (``unit_forget_bias``; PyTorch's
+    two biases add, so one of them carries it; its gates are input, forget, cell, output as
+    Keras's); ``Dense`` Glorot-uniform, zero bias."""
+    import torch
+
+    with torch.no_grad():
+        torch.nn.init.uniform_(embed.weight, -0.05, 0.05)
+        hidden = lstm.hidden_size
+        # Keras draws the (inputs, 4 * units) kernel whole, so Glorot's bound is the whole
+        # matrix's, as xavier_uniform_ computes it for PyTorch's (4 * hidden, inputs).
+        torch.nn.init.xavier_uniform_(lstm.weight_ih_l0)
+        torch.nn.init.orthogonal_(lstm.weight_hh_l0)
+        torch.nn.init.zeros_(lstm.bias_ih_l0)
+        torch.nn.init.zeros_(lstm.bias_hh_l0)
+        lstm.bias_ih_l0[hidden:2 * hidden] = 1.0
+        torch.nn.init.xavier_uniform_(out.weight)
+        torch.nn.init.zeros_(out.bias)
 
 
 def clip_norm(args) -> float:

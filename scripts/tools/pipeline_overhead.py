@@ -42,7 +42,7 @@ def measure(root: str, names: list[str], steps: int) -> dict[str, float]:
     torch.set_num_threads(1)
     ops = grace.ops_for(torch.zeros(1))
     assert_imported_from(root)
-    from scripts.workloads import resnet50_shapes  # this script's folder: the shapes do not change
+    from scripts.workloads import resnet50_shapes  # either checkout's: the shapes do not change
 
     shapes = [tuple(shape) for _, shape in resnet50_shapes()][::-1]  # backward's order
     names_of = [f"p{i}" for i in range(len(shapes))]
