@@ -194,8 +194,8 @@ class EFSignSGD(Tabled, Compressor):
     # Measured by the quality benchmark (docs/quality.md, docs/quality/safety.md).
     shortfalls = {
         "lstm-sgd": "+2.9% perplexity in TensorFlow at 4,000 steps, where PyTorch's run ends within "
-                    "1.2%: why it learns more slowly from Keras's initial weights is not yet "
-                    "found; topk ends within 1.5% there",
+                    "1.2%: from Keras's initial weights it learns more slowly (PyTorch from the "
+                    "same weights: +5.6%); topk ends within 1.5% there",
     }
     layout_sensitive = True  # blocks of consecutive elements
     default_memory = "efsignsgd"
@@ -242,8 +242,8 @@ class OneBit(Tabled, Compressor):
     # Measured by the quality benchmark (docs/quality.md, docs/quality/safety.md).
     shortfalls = {
         "lstm-sgd": "+4.5% perplexity in TensorFlow at 4,000 steps, where PyTorch's run ends within "
-                    "0.3%: why it learns more slowly from Keras's initial weights is not yet "
-                    "found; topk ends within 1.5% there",
+                    "0.3%: from Keras's initial weights it learns more slowly (PyTorch from the "
+                    "same weights: +6.8%); topk ends within 1.5% there",
     }
     layout_sensitive = True  # blocks of consecutive elements
     default_memory = "momentum"
