@@ -52,3 +52,27 @@ def test_tensorflows_exchange_loss_hands_the_tape_its_fixed_gradients_as_they_ar
             np.testing.assert_array_equal(got.numpy(), want.numpy())
     ops = {node.op for node in traced.get_concrete_function().graph.as_graph_def().node}
     assert "Mul" not in ops
+
+
+def test_keras_initialization_of_the_lstm_is_keras_defaults():
+    """``--init glorot`` on the character LSTM: the embedding uniform in ±0.05; the input weights
+    Glorot-uniform over the whole (4 · hidden, inputs) matrix (Keras draws its (inputs, 4 · units)
+    kernel whole), so within sqrt(6 / (inputs + 4 · hidden)) and spread to near it; the recurrent
+    weights orthogonal; the biases zero but the forget gate's (PyTorch's second quarter), which is
+    1 once, not twice over PyTorch's two bias vectors; the output layer Glorot-uniform, zero bias."""
+    import torch
+
+    torch.manual_seed(0)
+    embed, lstm, out = torch.nn.Embedding(65, 32), torch.nn.LSTM(32, 128), torch.nn.Linear(128, 65)
+    compare_worker.keras_init_lstm(embed, lstm, out)
+    with torch.no_grad():
+        assert 0.045 < float(embed.weight.abs().max()) <= 0.05
+        bound = (6 / (32 + 4 * 128)) ** 0.5
+        assert 0.95 * bound < float(lstm.weight_ih_l0.abs().max()) <= bound
+        w = lstm.weight_hh_l0  # (4 * hidden, hidden): orthonormal columns
+        np.testing.assert_allclose((w.T @ w).numpy(), np.eye(128), atol=1e-5)
+        bias = (lstm.bias_ih_l0 + lstm.bias_hh_l0).numpy()
+        np.testing.assert_array_equal(bias, np.r_[np.zeros(128), np.ones(128), np.zeros(256)])
+        out_bound = (6 / (128 + 65)) ** 0.5
+        assert 0.9 * out_bound < float(out.weight.abs().max()) <= out_bound
+        assert not out.bias.any()
