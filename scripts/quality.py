@@ -82,7 +82,7 @@ def merge(runs_per_file: list[list[dict]]) -> list[dict]:
     for runs in runs_per_file:
         for r in runs:
             key = (r["workload"], r.get("optimizer", "sgd"), r["framework"], r["compression"],
-                   r.get("seed", 0), r.get("optimizer_momentum"), passes(r))
+                   r.get("seed", 0), r.get("optimizer_momentum"), passes(r), r.get("init"))
             if key not in merged or r.get("finished", "") >= merged[key].get("finished", ""):
                 merged[key] = r
     return list(merged.values())
@@ -154,6 +154,8 @@ def run_matrix(args) -> list[dict]:
             run_args = argparse.Namespace(epochs=epochs, steps=steps, exchange_steps=steps,
                                           timeout=args.timeout)
             extra = ["--optimizer", optimizer, "--seed", str(seed)]
+            if args.init != "default" and fw == "torch":
+                extra += ["--init", args.init]
             given = None
             if args.momentum_to == "compressor" and fw == "ddp" and is_accuracy(workload):
                 comp, given = momentum_to_compressor(comp, optimizer)
@@ -167,6 +169,8 @@ def run_matrix(args) -> list[dict]:
                 # down by the root of their count (docs/quality.md); their steps are ±lr anyway.
                 extra += ["--clip", "0"]
             row = compare.run_one(fw, workload, comp, None, 2, run_args, emulate=False, extra=tuple(extra))
+            if args.init != "default" and fw == "torch":
+                row["init"] = args.init
             row.update(rate="unshaped (localhost)", optimizer=optimizer, lr=lr, seed=seed,
                        optimizer_momentum=given,
                        finished=datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -201,18 +205,19 @@ def summarize(results: list[dict]) -> list[dict]:
     of the same code: a run recorded with another commit than fp32's (runs before commits were
     recorded count as one unknown version) gets no gap, since fp32 itself moves when the code
     does."""
-    baseline = {(r["workload"], r.get("optimizer", "sgd"), r["framework"], r.get("seed", 0), passes(r)):
-                (_final(r), r.get("commit")) for r in results if r["compression"] == "fp32"}
+    baseline = {(r["workload"], r.get("optimizer", "sgd"), r["framework"], r.get("seed", 0), passes(r),
+                 r.get("init")): (_final(r), r.get("commit")) for r in results if r["compression"] == "fp32"}
     rows = []
     for r in results:
         case = (r["workload"], r.get("optimizer", "sgd"), r["framework"], r.get("seed", 0), passes(r))
         name = compressor_of(r["compression"])
-        ref, ref_commit = baseline.get(case, (None, None))
+        ref, ref_commit = baseline.get((*case, r.get("init")), (None, None))
         final = _final(r)
         if ref is not None and r.get("commit") != ref_commit:
             ref = None
         row = {"workload": r["workload"], "optimizer": case[1], "framework": r["framework"],
-               "compressor": compare.label(r["compression"]), "lr": r.get("lr"), "seed": case[3],
+               "compressor": compare.label(r["compression"]) + (" [Keras init]" if r.get("init") else ""),
+               "lr": r.get("lr"), "seed": case[3],
                "status": r.get("status"), "final": final, "passes": case[4]}
         if r.get("optimizer_momentum") is not None:
             row["optimizer_momentum"] = r["optimizer_momentum"]
@@ -506,6 +511,10 @@ def main(argv=None):
                              "goes for a compressor that Horovod's wrapper would take it from: the optimizer "
                              "keeps it (a user who changed nothing), or the compressor is given it "
                              "and the optimizer none (what docs/ddp.md tells a DDP user)")
+    parser.add_argument("--init", choices=("default", "glorot"), default="default",
+                        help="PyTorch's runs of mnist and the LSTM: glorot starts from Keras's "
+                             "initial weights (compare_worker.py --init); a set-up of its own, "
+                             "labelled [Keras init], outside the safety table")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     parser.add_argument("--epochs", type=int, default=None,
                         help="epochs per run, of the workload's steps each (default: BUDGET's, 10); "

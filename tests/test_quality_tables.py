@@ -182,3 +182,32 @@ def test_a_run_of_another_length_is_another_set_up():
     assert [r["passes"] for r in quality.at_benchmark_length(rows)] == [2, 2]  # a tie: the shorter
     more_long = rows + [dict(r, compressor="topk") for r in rows if r["passes"] == 6]
     assert {r["passes"] for r in quality.at_benchmark_length(more_long)} == {6}  # most runs long
+
+
+def test_runs_from_kerass_initial_weights_are_a_set_up_of_their_own():
+    """``--init glorot`` (PyTorch from Keras's initial weights): each run's gap is to fp32 from the
+    same weights, a default run is neither shadowed nor compared with them, and they stay out of
+    the safety table, which judges the compressors as users run them."""
+    default = [run("fp32", 0, 0.885), run(ONEBIT, 0, 0.884)]
+    keras = [dict(run("fp32", 0, 0.860), init="glorot"), dict(run(ONEBIT, 0, 0.840), init="glorot")]
+    rows = quality.summarize(quality.merge([default, keras]))
+    gaps = {r["compressor"]: r["gap"] for r in rows}
+    assert gaps == {"fp32": 0.0, "onebit": pytest.approx(0.1), "fp32 [Keras init]": 0.0,
+                    "onebit [Keras init]": pytest.approx(2.0)}
+    assert "✗" not in quality.safety_markdown(rows, ["onebit"])
+
+
+def test_init_reaches_pytorchs_workers_only(monkeypatch, tmp_path):
+    seen = []
+
+    def run_one(framework, workload, compression, rate, workers, run_args, **kwargs):
+        seen.append((framework, "--init" in kwargs["extra"]))
+        return {"status": "failed"}
+
+    written = []
+    monkeypatch.setattr(quality.compare, "run_one", run_one)
+    monkeypatch.setattr(quality, "write", lambda results, out: written.extend(results))
+    quality.main(["--cases", "lstm-sgd", "--frameworks", "torch,tf", "--compressors", "fp32",
+                  "--init", "glorot", "--out", str(tmp_path)])
+    assert seen == [("torch", True), ("tf", False)]
+    assert [r.get("init") for r in written] == ["glorot", None]
