@@ -50,9 +50,8 @@ import time
 
 from tqdm import tqdm
 
-from scripts import cluster, torch_hooks, workloads
+from scripts import ROOT, cluster, torch_hooks, workloads
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASELINES = ("fp32", "hvd-fp16")
 ALONE = "alone"  # the rate column of the one-worker run with no communication
 FRAMEWORK_NAMES = {"torch": "PyTorch", "tf": "TensorFlow", "ddp": "PyTorch DDP"}  # in the tables

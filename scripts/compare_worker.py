@@ -219,8 +219,7 @@ def run_torch(args, spec):
             if args.init == "glorot":
                 for layer in model:
                     if isinstance(layer, (torch.nn.Linear, dense)):
-                        torch.nn.init.xavier_uniform_(layer.weight)  # symmetric in fan-in and fan-out
-                        torch.nn.init.zeros_(layer.bias)
+                        keras_init_dense(layer)
         else:
             from scripts import cnn
 
@@ -458,6 +457,16 @@ def torch_optimizer(args, params, lr: float, momentum: float):
     return torch.optim.SGD(params, lr=lr, momentum=momentum if args.momentum is None else args.momentum)
 
 
+def keras_init_dense(layer) -> None:
+    """Keras's ``Dense`` initialization on a PyTorch layer with ``weight`` and ``bias``:
+    Glorot-uniform weights (symmetric in fan-in and fan-out, so either layout), zero bias."""
+    import torch
+
+    with torch.no_grad():
+        torch.nn.init.xavier_uniform_(layer.weight)
+        torch.nn.init.zeros_(layer.bias)
+
+
 def keras_init_lstm(embed, lstm, out) -> None:
     """Keras's initialization of the character LSTM's layers, on PyTorch's (``--init glorot``):
     ``Embedding`` uniform in [-0.05, 0.05]; ``LSTM`` Glorot-uniform input weights, orthogonal
@@ -476,8 +485,7 @@ def keras_init_lstm(embed, lstm, out) -> None:
         torch.nn.init.zeros_(lstm.bias_ih_l0)
         torch.nn.init.zeros_(lstm.bias_hh_l0)
         lstm.bias_ih_l0[hidden:2 * hidden] = 1.0
-        torch.nn.init.xavier_uniform_(out.weight)
-        torch.nn.init.zeros_(out.bias)
+    keras_init_dense(out)
 
 
 def clip_norm(args) -> float:

@@ -154,8 +154,9 @@ def run_matrix(args) -> list[dict]:
             run_args = argparse.Namespace(epochs=epochs, steps=steps, exchange_steps=steps,
                                           timeout=args.timeout)
             extra = ["--optimizer", optimizer, "--seed", str(seed)]
-            if args.init != "default" and fw == "torch":
-                extra += ["--init", args.init]
+            init = args.init if args.init != "default" and fw == "torch" else None
+            if init:
+                extra += ["--init", init]
             given = None
             if args.momentum_to == "compressor" and fw == "ddp" and is_accuracy(workload):
                 comp, given = momentum_to_compressor(comp, optimizer)
@@ -169,8 +170,8 @@ def run_matrix(args) -> list[dict]:
                 # down by the root of their count (docs/quality.md); their steps are ±lr anyway.
                 extra += ["--clip", "0"]
             row = compare.run_one(fw, workload, comp, None, 2, run_args, emulate=False, extra=tuple(extra))
-            if args.init != "default" and fw == "torch":
-                row["init"] = args.init
+            if init:
+                row["init"] = init
             row.update(rate="unshaped (localhost)", optimizer=optimizer, lr=lr, seed=seed,
                        optimizer_momentum=given,
                        finished=datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -205,13 +206,16 @@ def summarize(results: list[dict]) -> list[dict]:
     of the same code: a run recorded with another commit than fp32's (runs before commits were
     recorded count as one unknown version) gets no gap, since fp32 itself moves when the code
     does."""
-    baseline = {(r["workload"], r.get("optimizer", "sgd"), r["framework"], r.get("seed", 0), passes(r),
-                 r.get("init")): (_final(r), r.get("commit")) for r in results if r["compression"] == "fp32"}
+    def case_of(r: dict) -> tuple:
+        return (r["workload"], r.get("optimizer", "sgd"), r["framework"], r.get("seed", 0), passes(r),
+                r.get("init"))
+
+    baseline = {case_of(r): (_final(r), r.get("commit")) for r in results if r["compression"] == "fp32"}
     rows = []
     for r in results:
-        case = (r["workload"], r.get("optimizer", "sgd"), r["framework"], r.get("seed", 0), passes(r))
+        case = case_of(r)
         name = compressor_of(r["compression"])
-        ref, ref_commit = baseline.get((*case, r.get("init")), (None, None))
+        ref, ref_commit = baseline.get(case, (None, None))
         final = _final(r)
         if ref is not None and r.get("commit") != ref_commit:
             ref = None

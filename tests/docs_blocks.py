@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.launch import ROOT
 
 
 def generated_blocks(page: str, tool: str) -> list[tuple[list[str], str]]:

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 
 import pytest
 
 import grace
+from tests.launch import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = ["-m", "scripts.tools.bench_compressors"]  # run from the checkout (cwd=ROOT)
 NUMEL = 300_001
 COMPRESSORS = ["signsgd", "randomk", "qsgd", "topk"]

@@ -14,8 +14,7 @@ import time
 import pytest
 
 from scripts import cluster, compare
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.launch import ROOT
 
 pytestmark = pytest.mark.skipif(not cluster.can_emulate()[0], reason=cluster.can_emulate()[1])
 

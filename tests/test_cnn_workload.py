@@ -3,14 +3,10 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 from scripts import cnn, quality, workloads
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PARAMETERS = 1_688_378  # the count cnn.py's docstring states
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from scripts import compare_worker  # noqa: E402
+from scripts import compare_worker
 
 
 def test_the_keras_layout_is_torchs_linear_with_its_weight_and_gradient_transposed():

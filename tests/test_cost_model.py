@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from scripts.tools import cost_model  # noqa: E402
+from scripts.tools import cost_model
+from tests.launch import ROOT
 
 MB = 1e6
 RATE = cost_model.RATES["1gbit"]

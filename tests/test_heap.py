@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.launch import ROOT
 
 # In a fresh interpreter (the thresholds are per process): allocate 16 MiB, below glibc's largest
 # mmap threshold (32 MiB) and far above its default (128 KiB), and report where glibc put it

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from scripts.tools import plot_routes  # noqa: E402
+from scripts.tools import plot_routes
 
 
 def run(communicator, seed, accuracies, **params):

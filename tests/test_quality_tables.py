@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from scripts import quality  # noqa: E402
+from scripts import quality
+from tests.launch import ROOT
 
 
 def run(compression: str, seed: int, accuracy: float) -> dict:

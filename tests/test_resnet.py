@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from scripts import compare, workloads
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.launch import ROOT
 
 
 def test_the_model_has_torchvisions_resnet50_parameters_in_their_order():

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.launch import ROOT
+
 SCRIPT = ["-m", "scripts.studies.simulate_mnist"]  # run from the checkout (cwd=ROOT)
 
 

@@ -6,15 +6,12 @@ compression needed."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
+from scripts import compare
+from scripts import time_to_accuracy as tta
 from tests.docs_blocks import generated_blocks
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-from scripts import compare  # noqa: E402
-from scripts import time_to_accuracy as tta  # noqa: E402
 
 TOPK = json.dumps({"compressor": "topk", "ratio": 0.01})
 SIGN = json.dumps({"compressor": "signsgd"})

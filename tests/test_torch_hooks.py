@@ -11,8 +11,7 @@ import pytest
 
 from scripts import compare, quality, torch_hooks
 from tests.docs_blocks import generated_blocks
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.launch import ROOT
 
 MLP = [(512, 784), (512,), (256, 512), (256,), (10, 256), (10,)]  # the mnist MLP, torch.nn.Linear
 

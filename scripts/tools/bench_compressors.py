@@ -36,11 +36,13 @@ import time
 import numpy as np
 from tqdm import tqdm
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
-import grace  # noqa: E402
-from grace.compressor import Context  # noqa: E402
-from grace.ops import ops_for  # noqa: E402
-from scripts import workloads  # noqa: E402
+import grace
+from grace.compressor import Context
+from grace.ops import ops_for
+from scripts import (
+    ROOT,
+    workloads,
+)
 
 TARGET_2 = ("topk", "randomk", "signsgd", "onebit", "terngrad", "qsgd")
 

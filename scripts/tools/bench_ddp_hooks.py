@@ -27,16 +27,17 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-import grace  # noqa: E402
-from scripts import torch_hooks  # noqa: E402
-from scripts.resnet import ResNet50  # noqa: E402
+import grace
+from scripts import (
+    ROOT,
+    torch_hooks,
+)
+from scripts.resnet import ResNet50
 
 # name -> (hook, a function making its state); None: DDP's own allreduce.
 HOOKS = {

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
+from scripts import ROOT
 
 
 def measure_side(script: str, root: str, *args: str) -> dict:

@@ -45,9 +45,8 @@ import math
 import os
 from dataclasses import dataclass
 
-from scripts import plots, workloads
+from scripts import ROOT, plots, workloads
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 BENCH = os.path.join(ROOT, "docs", "performance", "bench.json")
 RATES = {"100mbit": 100e6 / 8, "1gbit": 1e9 / 8, "10gbit": 10e9 / 8, "100gbit": 100e9 / 8}
 # What an unshaped veth pair of the emulated cluster carries on this machine (docs/results.md,

@@ -21,14 +21,13 @@ import tempfile
 import traceback
 import warnings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
-
-import grace  # noqa: E402
-from scripts.resnet import ResNet50  # noqa: E402
+import grace
+from scripts import ROOT
+from scripts.resnet import ResNet50
 
 OURS = (os.path.join(ROOT, "grace"), os.path.join(ROOT, "frameworks"))
 

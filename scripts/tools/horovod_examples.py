@@ -30,9 +30,8 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
-
-import grace  # noqa: E402
+import grace
+from scripts import ROOT
 
 # Debian's Fashion-MNIST as ``tf.keras.datasets.mnist.load_data`` returns MNIST (the examples read
 # only the train split).

@@ -20,7 +20,8 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+from scripts import ROOT
+
 # The tests of test_torch.py that build a DistributedOptimizer and run on the CPU.
 TESTS = ("test_broadcast_state", "test_broadcast_state_options", "test_broadcast_state_no_grad",
          "test_force_allreduce", "test_model_parallelism", "test_delta_optimizer",

@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 
+from scripts import ROOT
 from scripts.tools.checkout_sides import assert_imported_from, measure_side
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 SHAPES = [(64, 300), (300,), (10,), (0,), (128, 64), (7, 7, 3, 3), (2000,)]
 SETUPS = ("plain", "sgd", "adam", "warmup", "bucket", "alltoall", "hierarchical", "sparse")
 

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 
+from scripts import ROOT
 from scripts.tools.checkout_sides import assert_imported_from, measure_side
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 DEFAULT = "topk,dgc,powersgd,qsgd,none,fp16,randomk,efsignsgd"
 
 

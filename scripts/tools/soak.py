@@ -14,7 +14,8 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+from scripts import ROOT
+
 STATEFUL = ["topk", "randomk", "threshold", "dgc", "powersgd", "signum", "efsignsgd", "onebit", "adaq",
             "qsgd"]
 

@@ -18,10 +18,8 @@ import torch
 
 import grace
 from grace.collectives import Solo
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tests import reference  # noqa: E402
+from tests import reference
+from tests.launch import ROOT
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -13,14 +13,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import grace  # noqa: E402
-from grace.compressors import sign  # noqa: E402
-from scripts import fashion_mnist  # noqa: E402
+import grace
+from grace.compressors import sign
+from scripts import fashion_mnist
 
 HIDDEN, BATCH, LR, MOMENTUM = 128, 64, 0.05, 0.9
 TEST_IMAGES = 2000
