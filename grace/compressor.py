@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import threading
 import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -81,6 +83,16 @@ def capped(x, indices, cap: int, ops):
                     lambda: indices)
 
 
+def zero_sent(compensated: Tensor, sent: Tensor, payload: Payload, ctx: Context, ops: Ops,
+              overwrite: bool = False) -> Tensor:
+    """The residual of a payload whose entries at ``sent`` (flat positions) travel as they are:
+    ``compensated`` with those entries zeroed, in one copy, or in none with ``overwrite``
+    (``compensated`` is not used afterwards, and the payload holds copies of its entries)."""
+    return ops.reshape(ops.zero_at(ops.flatten(compensated), sent, overwrite,
+                                   after=[p for p in payload if p is not sent]),
+                       ctx.shape)
+
+
 def numel_of(shape: tuple[int, ...]) -> int:
     n = 1
     for d in shape:
@@ -119,13 +131,73 @@ def renamed(new: str, value: Any, former: Any, unset: Any) -> Any:
     return former
 
 
+RENAMED_METHODS = {"encode": "compress_flat", "decode": "decompress_flat",
+                   "combine": "aggregate_payloads", "decoded_residual": "residual"}
+"""Former names of ``Compressor`` methods (each was a near-synonym of another method), and the
+name each now has. A subclass written against a former name, and a caller of one, still work,
+with one ``FutureWarning`` a process."""
+
+
+def _warn_renamed_method(former: str, where: str) -> None:
+    if former not in _warned_renamed:
+        _warned_renamed.add(former)
+        warnings.warn(f"grace: Compressor.{former} is now called {RENAMED_METHODS[former]} "
+                      f"({where}); the former name will go in a later release",
+                      FutureWarning, stacklevel=4)
+
+
+_running_former = threading.local()
+"""``stack``: (class, instance) of each former-named method running in this thread, innermost last,
+so that its ``super().encode(...)`` reaches its parent's ``compress_flat``, not its own again."""
+
+
+def _former_method(cls: type, function: Any) -> Any:
+    """``function``, a method ``cls`` defines under a former name, recording while it runs that a
+    former method of ``cls`` is running on this instance."""
+    @functools.wraps(function)
+    def method(self, *args, **kwargs):
+        stack = _running_former.__dict__.setdefault("stack", [])
+        stack.append((cls, self))
+        try:
+            return function(self, *args, **kwargs)
+        finally:
+            stack.pop()
+    return method
+
+
+def _call_renamed(self: "Compressor", former: str, *args: Any) -> Any:
+    """A call of the former name ``former``: the current method, or, where a former-named method
+    of a subclass calls it through ``super()``, the method its parent has under the current name."""
+    _warn_renamed_method(former, "called")
+    stack = getattr(_running_former, "stack", None)
+    new = RENAMED_METHODS[former]
+    if stack and stack[-1][1] is self:
+        return getattr(super(stack[-1][0], self), new)(*args)
+    return getattr(self, new)(*args)
+
+
+def _residual_from(decoded_residual: Any) -> Any:
+    """``residual`` of a subclass that defines the former ``decoded_residual``: its own for a
+    payload that does not send entries as they are, as that name meant."""
+    def residual(self, compensated, payload, ctx, ops, overwrite=False):
+        sent = self.sent_indices(payload, ctx)
+        if sent is not None:
+            return zero_sent(compensated, sent, payload, ctx, ops, overwrite)
+        return decoded_residual(self, compensated, payload, ctx, ops, overwrite)
+    return residual
+
+
 class Compressor(ABC):
     """Turns a gradient into a payload of (few) tensors and back.
 
     ``compress(tensor, name)`` returns ``(payload, ctx)``; ``decompress(payload, ctx)`` rebuilds a tensor
     of the original shape and dtype. ``aggregate`` combines the decompressed tensors of all workers
-    (a sum, unless the algorithm says otherwise). Both work on any tensor type ``ops_for`` knows, so a
-    user can study a compressor on a numpy array or a torch tensor outside of training.
+    (a sum, unless the algorithm says otherwise). An algorithm implements ``compress_flat`` and
+    ``decompress_flat``, the same on the 1-d tensor; ``aggregate_payloads`` (the workers'
+    payloads decompressed and aggregated, in one pass where it can) and ``residual`` (what error
+    feedback keeps) have general definitions that an algorithm may do faster. They work on any
+    tensor type ``ops_for`` knows, so a user can study a compressor on a numpy array or a torch
+    tensor outside of training.
 
     Class attributes state how payloads may travel:
 
@@ -189,23 +261,53 @@ class Compressor(ABC):
     state_store: StateStore = DEFAULT
     """Where state kept across steps is read and written (``grace.state``): the pipeline's own."""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # A subclass written against a former method name (RENAMED_METHODS) implements the new one.
+        super().__init_subclass__(**kwargs)
+        for former, new in RENAMED_METHODS.items():
+            if former in vars(cls) and new not in vars(cls):
+                method = _former_method(cls, vars(cls)[former])
+                setattr(cls, former, method)
+                setattr(cls, new, _residual_from(method) if former == "decoded_residual" else method)
+                _warn_renamed_method(former, f"{cls.__name__} defines {former}")
+
+    def encode(self, flat: Tensor, name: str, ctx: Context, ops: Ops) -> Payload:
+        """Former name of ``compress_flat``."""
+        return _call_renamed(self, "encode", flat, name, ctx, ops)
+
+    def decode(self, payload: Payload, ctx: Context, ops: Ops) -> Tensor:
+        """Former name of ``decompress_flat``."""
+        return _call_renamed(self, "decode", payload, ctx, ops)
+
+    def combine(self, payloads: Sequence[Payload], ctx: Context, ops: Ops,
+                scale: float = 1.0) -> Tensor:
+        """Former name of ``aggregate_payloads``."""
+        return _call_renamed(self, "combine", payloads, ctx, ops, scale)
+
+    def decoded_residual(self, compensated: Tensor, payload: Payload, ctx: Context, ops: Ops,
+                         overwrite: bool = False) -> Tensor:
+        """Former name of the general ``residual`` of a payload that does not send entries as
+        they are: ``compensated - decompress(payload)``."""
+        _warn_renamed_method("decoded_residual", "called")
+        return ops.sub(compensated, self.decompress(payload, ctx, ops))
+
     def compress(self, tensor: Tensor, name: str, ops: Ops | None = None,
                  rank: int = 0) -> tuple[Payload, Context]:
         ops = ops or ops_for(tensor)
         ctx = Context(ops.shape(tensor), ops.dtype(tensor), ops.numel(tensor), rank=rank)
-        return self.encode(ops.flatten(tensor), name, ctx, ops), ctx
+        return self.compress_flat(ops.flatten(tensor), name, ctx, ops), ctx
 
     def decompress(self, payload: Sequence[Tensor], ctx: Context, ops: Ops | None = None) -> Tensor:
         ops = ops or ops_for(payload[0])
-        return ops.reshape(self.decode(list(payload), ctx, ops), ctx.shape)
+        return ops.reshape(self.decompress_flat(list(payload), ctx, ops), ctx.shape)
 
     @abstractmethod
-    def encode(self, flat: Tensor, name: str, ctx: Context, ops: Ops) -> Payload:
+    def compress_flat(self, flat: Tensor, name: str, ctx: Context, ops: Ops) -> Payload:
         """Compress the 1-d ``flat`` (``ctx`` describes the original); may store what decode needs in
         ``ctx.data``."""
 
     @abstractmethod
-    def decode(self, payload: Payload, ctx: Context, ops: Ops) -> Tensor:
+    def decompress_flat(self, payload: Payload, ctx: Context, ops: Ops) -> Tensor:
         """Rebuild the 1-d tensor of ``ctx.numel`` elements of ``ctx.dtype``."""
 
     def aggregate(self, tensors: Sequence[Tensor], ops: Ops) -> Tensor:
@@ -215,8 +317,8 @@ class Compressor(ABC):
             total = ops.add(total, t)
         return total
 
-    def combine(self, payloads: Sequence[Payload], ctx: Context, ops: Ops,
-                scale: float = 1.0) -> Tensor:
+    def aggregate_payloads(self, payloads: Sequence[Payload], ctx: Context, ops: Ops,
+                           scale: float = 1.0) -> Tensor:
         """The workers' payloads (one per worker, or one already summed), decompressed,
         aggregated and multiplied by ``scale``: ``aggregate`` of each one's ``decompress`` (an
         algorithm may do it in one pass over the tensor)."""
@@ -233,19 +335,11 @@ class Compressor(ABC):
                  overwrite: bool = False) -> Tensor:
         """What error feedback keeps: ``compensated - decompress(payload)``; for a payload of
         entries sent as they are (``sent_indices``), the compensated tensor with those entries
-        zeroed, the same in one copy, or in none with ``overwrite`` (``compensated`` is not used
-        afterwards, and the payload holds copies of its entries)."""
+        zeroed (``zero_sent``). An algorithm that finds the difference in fewer passes overrides
+        it (``tests/test_one_pass.py`` checks every one against this definition)."""
         sent = self.sent_indices(payload, ctx)
         if sent is not None:
-            return ops.reshape(ops.zero_at(ops.flatten(compensated), sent, overwrite,
-                                           after=[p for p in payload if p is not sent]),
-                               ctx.shape)
-        return self.decoded_residual(compensated, payload, ctx, ops, overwrite)
-
-    def decoded_residual(self, compensated: Tensor, payload: Payload, ctx: Context, ops: Ops,
-                         overwrite: bool = False) -> Tensor:
-        """``residual`` of a payload that does not send entries as they are:
-        ``compensated - decompress(payload)``."""
+            return zero_sent(compensated, sent, payload, ctx, ops, overwrite)
         return ops.sub(compensated, self.decompress(payload, ctx, ops))
 
     def sent_indices(self, payload: Payload, ctx: Context) -> Tensor | None:
@@ -333,13 +427,13 @@ class Sparse:
         layout: a sparse gradient's rows sends only the rows that hold a value)."""
         return [payload[0], positions, *payload[2:]]
 
-    def decode(self, payload, ctx, ops):
+    def decompress_flat(self, payload, ctx, ops):
         return ops.scatter_add(ctx.numel, self.positions(payload, ctx), payload[0])
 
     def sent_indices(self, payload, ctx):
         return self.positions(payload, ctx)
 
-    def combine(self, payloads, ctx, ops, scale=1.0):
+    def aggregate_payloads(self, payloads, ctx, ops, scale=1.0):
         values = [p[0] for p in payloads]
         positions = [self.positions(p, ctx) for p in payloads]
         values = ops.concat(values) if len(values) > 1 else values[0]
@@ -362,7 +456,7 @@ class Tabled:
         block's size)."""
         raise NotImplementedError
 
-    def decode(self, payload, ctx, ops):
+    def decompress_flat(self, payload, ctx, ops):
         packed, bits, tables, block = self.tables(payload, ctx, ops)
         return steps.unpack_blocks(ops, packed, tables, bits=bits, n=ctx.numel, block=block)
 
@@ -372,7 +466,7 @@ class Tabled:
                                         bits=bits, n=ctx.numel, block=block)
         return ops.reshape(left, ctx.shape)
 
-    def combine(self, payloads, ctx, ops, scale=1.0):
+    def aggregate_payloads(self, payloads, ctx, ops, scale=1.0):
         total = None
         for payload in payloads:
             packed, bits, tables, block = self.tables(payload, ctx, ops)

@@ -251,7 +251,7 @@ class Ops(ABC):
     def rows_on_host(self, codec: Any, name: str, rank: int) -> Any:
         """For an adapter that traces graphs whose number of rows is known only when they run: an
         object that does ``codec``'s (a ``grace.sparse.RowsCodec``) work on the host then, with
-        ``encode(indices, rows, ops)``, ``combine(payloads, ctx, ops, scale)`` and
+        ``encode_rows(indices, rows, ops)``, ``aggregate_payloads(payloads, ctx, ops, scale)`` and
         ``settle(discard, ops)`` (TensorFlow: ``frameworks/tensorflow/rows.py``). An eager
         adapter never needs one."""
         raise NotImplementedError(f"{type(self).__name__} knows every size before it runs: it has "

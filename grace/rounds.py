@@ -137,5 +137,5 @@ class Rounds:
         totals = []
         for entry, payload in zip(entries, payloads):
             with self.state_store.within(entry.transaction):
-                totals.append(entry.compressor.combine(payload, entry.ctx, ops, scale))
+                totals.append(entry.compressor.aggregate_payloads(payload, entry.ctx, ops, scale))
         return totals, flag

@@ -133,11 +133,11 @@ class RowsCodec(Compressor):
         self.transactional = transactional
         self.host: Any = None  # its work on the host, in a traced graph (``Ops.rows_on_host``)
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         raise NotImplementedError("RowsCodec encodes through encode_rows")
 
-    def decode(self, payload, ctx, ops):
-        raise NotImplementedError("RowsCodec decodes through combine")
+    def decompress_flat(self, payload, ctx, ops):
+        raise NotImplementedError("RowsCodec decodes through aggregate_payloads")
 
     def encode_rows(self, indices: Tensor, rows: Tensor, name: str, ops: Ops,
                     rank: int) -> tuple[list, Context]:
@@ -149,7 +149,7 @@ class RowsCodec(Compressor):
             # A traced graph, whose number of rows is known only when it runs: every worker
             # traces the same graph, so every worker encodes on the host alike.
             self.host = ops.rows_on_host(self, name, rank)
-            return self.host.encode(indices, rows, ops), self._context(name, ops.dtype(rows), rank)
+            return self.host.encode_rows(indices, rows, ops), self._context(name, ops.dtype(rows), rank)
         if self.encoded and self.residual_rows is not None:
             indices, rows = self.residual_rows.compensate(indices, rows, self.width, name, ops)
         ctx = self._context(name, ops.dtype(rows), rank)
@@ -157,7 +157,7 @@ class RowsCodec(Compressor):
         if not self.encoded:
             return [sent, rows], ctx
         inner_ctx = self._rows_context(ops.size(indices), ops.dtype(rows), rank)
-        payload = self.inner.encode(ops.flatten(rows), name, inner_ctx, ops)
+        payload = self.inner.compress_flat(ops.flatten(rows), name, inner_ctx, ops)
         positions = self.inner.sent_indices(payload, inner_ctx)
         if self.residual_rows is not None:
             left = self.inner.residual(rows, payload, inner_ctx, ops, overwrite=True)
@@ -190,9 +190,9 @@ class RowsCodec(Compressor):
             return payload[1]
         return self.inner.decompress(payload[1:], self._rows_context(ops.size(payload[0]), dtype), ops)
 
-    def combine(self, payloads, ctx, ops, scale=1.0):
+    def aggregate_payloads(self, payloads, ctx, ops, scale=1.0):
         if self.host is not None:
-            return self.host.combine(payloads, ctx, ops, scale)
+            return self.host.aggregate_payloads(payloads, ctx, ops, scale)
         work = compute_dtype(ctx.dtype)
         indices = [ops.cast(p[0], "int64") for p in payloads]
         rows = [ops.reshape(ops.cast(self._rows_of(p, ctx.dtype, ops), work), [-1, self.width])

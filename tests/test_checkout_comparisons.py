@@ -86,8 +86,8 @@ def test_two_checkouts_that_differ_in_one_compressor_are_told_apart(tmp_path):
                         ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(os.path.join(ROOT, "grace-entry-points.cfg"), copy)
     with open(copy / "grace" / "compressors" / "topk.py", "a") as f:
-        f.write("\n\n_exact = TopK.encode\n\n\ndef _scaled(self, flat, name, ctx, ops):\n"
-                "    return _exact(self, flat * 1.0001, name, ctx, ops)\n\n\nTopK.encode = _scaled\n")
+        f.write("\n\n_exact = TopK.compress_flat\n\n\ndef _scaled(self, flat, name, ctx, ops):\n"
+                "    return _exact(self, flat * 1.0001, name, ctx, ops)\n\n\nTopK.compress_flat = _scaled\n")
 
     def compare(before: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "scripts.tools.pipeline_digests", "--before", before,

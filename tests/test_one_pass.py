@@ -73,9 +73,9 @@ def test_combine_is_the_scaled_sum_of_the_decompressed_payloads(name, backend):
         sent = [(workers[0], ctx)]
     else:
         workers = [p for p, _ in sent]
-    combined = ops.to_numpy(compressor.combine(workers, ctx, ops))
+    combined = ops.to_numpy(compressor.aggregate_payloads(workers, ctx, ops))
     np.testing.assert_array_equal(combined, general_sum(compressor, ops, sent, 1.0))
-    scaled = ops.to_numpy(compressor.combine(workers, ctx, ops, 1.0 / WORKERS))
+    scaled = ops.to_numpy(compressor.aggregate_payloads(workers, ctx, ops, 1.0 / WORKERS))
     expected = general_sum(compressor, ops, sent, 1.0 / WORKERS)
     # Scaling each worker's values before adding them rounds differently from scaling their sum:
     # by a few units in the last place of the terms (not of the sum, where terms cancel).
@@ -120,10 +120,10 @@ def test_powersgd_scales_the_summed_q_not_the_product(backend):
     first, ctx = compressor.compress(x, "w", ops)
     (q,) = compressor.second_round(first, ctx, ops)  # one worker: its P is the sum
     expected = ops.to_numpy(ops.scale(compressor.decompress([q], ctx, ops), 0.25))
-    got = ops.to_numpy(compressor.combine([[q]], ctx, ops, 0.25))
+    got = ops.to_numpy(compressor.aggregate_payloads([[q]], ctx, ops, 0.25))
     assert got.shape == (64, 90)
     np.testing.assert_array_equal(got, expected)  # a power of two scales exactly either way
-    third = ops.to_numpy(compressor.combine([[q]], ctx, ops, 1.0 / 3.0))
+    third = ops.to_numpy(compressor.aggregate_payloads([[q]], ctx, ops, 1.0 / 3.0))
     scaled = ops.to_numpy(compressor.decompress([q], ctx, ops)) / 3.0
     np.testing.assert_allclose(third, scaled, rtol=1e-5, atol=1e-7 * np.abs(scaled).max())
 

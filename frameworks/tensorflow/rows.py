@@ -32,7 +32,7 @@ class HostRows:
     def _writes(self) -> dict | None:
         return self.writes if self.transactional else None
 
-    def encode(self, indices: Tensor, rows: Tensor, ops: Ops) -> list:
+    def encode_rows(self, indices: Tensor, rows: Tensor, ops: Ops) -> list:
         def encode(indices, rows):
             _state_on_host(self.codec)
             self.writes = {}
@@ -43,13 +43,13 @@ class HostRows:
             return [buffer]
         return ops.on_host(encode, [indices, rows], ["uint8"], [[None]])
 
-    def combine(self, payloads, ctx, ops, scale):
+    def aggregate_payloads(self, payloads, ctx, ops, scale):
         def decode(*buffers):
             parts = [unpack_bytes(b, self.layout, 1, self.ops)[0][0] for b in buffers]
             host_payloads = [[p[(0, j)] for j in range(len(self.layout.parts))] for p in parts]
             host_ctx = self.codec._context(self.name, ctx.dtype, self.rank)
             with self.state_store.within(self._writes()):
-                values = self.codec.combine(host_payloads, host_ctx, self.ops, scale)
+                values = self.codec.aggregate_payloads(host_payloads, host_ctx, self.ops, scale)
             return [host_ctx.data["indices"].astype(np.int64), values]
         indices, self.decoded = ops.on_host(decode, [p[0] for p in payloads], ["int64", ctx.dtype],
                                             [[None], [None, self.width]])

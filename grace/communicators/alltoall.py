@@ -8,7 +8,7 @@ from typing import Any, Sequence
 from grace.communicator import Communicator, Started
 from grace.communicators.allgather import Allgather
 from grace.communicators.allreduce import Allreduce
-from grace.compressor import Compressor, Context, Payload, Sparse, numel_of
+from grace.compressor import Compressor, Context, Payload, Sparse, numel_of, zero_sent
 from grace.memories.none import NoneMemory
 from grace.memory import Memory
 from grace.ops import Ops, Tensor, index_dtype, ops_for
@@ -31,8 +31,8 @@ class ShardCodec(Compressor):
     At shard ``r``'s owner (worker ``r``), ``reencode`` combines every worker's payload of that
     shard as ``inner`` aggregates (a sum; a majority vote for signSGD and signum), adds the owner's
     own residual (``owner_memory``: error feedback at the owner, keyed ``name@owner``), and encodes
-    the result again with ``inner.owner_codec()``; ``combine`` decodes the owners' payloads, one per
-    shard, into the whole tensor."""
+    the result again with ``inner.owner_codec()``; ``aggregate_payloads`` decodes the owners'
+    payloads, one per shard, into the whole tensor."""
 
     def __init__(self, inner: Compressor, shards: int, owner_memory: Memory):
         self.inner = inner
@@ -67,10 +67,10 @@ class ShardCodec(Compressor):
         p = ctx.data["parts"]
         return [list(payload[j * p:(j + 1) * p]) for j in range(self.shards)]
 
-    def encode(self, flat, name, ctx, ops):  # compress() does the work, shard by shard
+    def compress_flat(self, flat, name, ctx, ops):  # compress() does the work, shard by shard
         raise NotImplementedError
 
-    def decode(self, payload, ctx, ops):
+    def decompress_flat(self, payload, ctx, ops):
         pieces = [ops.flatten(self.inner.decompress(p, c, ops))
                   for p, c in zip(self.shard_payloads(payload, ctx), ctx.data["shards"])]
         return ops.concat(pieces)
@@ -93,9 +93,12 @@ class ShardCodec(Compressor):
         ops = ops_for(found[0])
         return ops.concat([self._shifted(f, j, ctx, ops) for j, f in enumerate(found)])
 
-    def decoded_residual(self, compensated, payload, ctx, ops, overwrite=False):
-        # Shards whose entries were sent as they are take the base's one fill of the whole
-        # tensor (sent_indices); the others are each left to the inner codec.
+    def residual(self, compensated, payload, ctx, ops, overwrite=False):
+        # Where every shard sent its entries as they are, one fill of the whole tensor; else
+        # each shard's residual is left to the inner codec.
+        sent = self.sent_indices(payload, ctx)
+        if sent is not None:
+            return zero_sent(compensated, sent, payload, ctx, ops, overwrite)
         pieces = ops.split(ops.flatten(compensated), shard_sizes(ctx.numel, self.shards))
         left = [ops.flatten(self.inner.residual(piece, p, c, ops, overwrite))
                 for piece, p, c in zip(pieces, self.shard_payloads(payload, ctx), ctx.data["shards"])]
@@ -120,13 +123,13 @@ class ShardCodec(Compressor):
         (``received``, in rank order) combined, plus the owner's residual, encoded again."""
         shard_ctx = ctx.data["shards"][ctx.rank]
         name = f"{ctx.data['name']}@owner"
-        total = self.inner.combine(list(received), shard_ctx, ops)
+        total = self.inner.aggregate_payloads(list(received), shard_ctx, ops)
         total = self.owner_memory.compensate(total, name, ops)
         payload, owner_ctx = self.owner.compress(total, name, ops, rank=ctx.rank)
         self.owner_memory.update(total, name, self.owner, payload, owner_ctx, ops)
         return payload
 
-    def combine(self, payloads, ctx, ops, scale=1.0):
+    def aggregate_payloads(self, payloads, ctx, ops, scale=1.0):
         """The owners' re-encoded shards (``payloads``: one, the shards' one after another) as the
         whole tensor, times ``scale``."""
         (payload,) = payloads
@@ -137,10 +140,10 @@ class ShardCodec(Compressor):
         if isinstance(owner, Sparse):  # every shard's entries scattered at once
             shifted = [owner.with_positions(s, self._shifted(owner.positions(s, c), j, ctx, ops))
                        for j, (s, c) in enumerate(zip(shards, contexts))]
-            return owner.combine(shifted, ctx, ops, scale)
+            return owner.aggregate_payloads(shifted, ctx, ops, scale)
         # Each shard decoded and scaled by the owner's codec (a sparsifier scales its few values,
         # not the tensor), then joined.
-        pieces = [ops.flatten(owner.combine([s], c, ops, scale)) for s, c in zip(shards, contexts)]
+        pieces = [ops.flatten(owner.aggregate_payloads([s], c, ops, scale)) for s, c in zip(shards, contexts)]
         return ops.reshape(ops.concat(pieces), ctx.shape)
 
     def __repr__(self):

@@ -33,7 +33,7 @@ class AdaQ(Seeded, Compressor):
     def params(self):
         return {"ratio": self.ratio, "sample_ratio": self.sample_ratio, "seed": self.seed}
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         n = ctx.numel
         m = min(n, max(1, int(n * self.sample_ratio), 256))
@@ -73,7 +73,7 @@ class AdaQ(Seeded, Compressor):
             return n * itemsize
         return 2 * itemsize + 2 * cap * INDEX_BYTES[index_dtype(n)] + 3 * LENGTH_BYTES
 
-    def decode(self, payload, ctx, ops):
+    def decompress_flat(self, payload, ctx, ops):
         means, positive, negative = payload
         mean_pos, mean_neg = ops.split(means, [1, 1])
         indices = ops.concat([positive, negative])

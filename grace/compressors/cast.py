@@ -15,12 +15,12 @@ class FP16(Compressor):
     wire_dtype = "float16"
     elementwise = True
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         if ctx.dtype in ("float32", "float64"):
             return [ops.cast(flat, self.wire_dtype)]
         return [flat]
 
-    def decode(self, payload, ctx, ops):
+    def decompress_flat(self, payload, ctx, ops):
         return ops.cast(payload[0], ctx.dtype)
 
     def payload_nbytes(self, shape, itemsize):

@@ -56,7 +56,7 @@ class DGC(Seeded, TopK):
         stage = step // self.sparsity_warmup_steps
         return max(self.ratio, WARMUP_RATIOS[stage]) if stage < len(WARMUP_RATIOS) else self.ratio
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         n = ctx.numel
         step = self.next_step(name, ops)
         if self.sparsity_warmup_steps:

@@ -34,7 +34,7 @@ class Inceptionn(Compressor):
     def params(self):
         return {"error_bound": self.error_bound}
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         inverse = ops.constant([1.0 / self.error_bound], ops.dtype(x), like=flat)
         tags, small, medium, large = encode(ops, x, inverse)
@@ -53,7 +53,7 @@ class Inceptionn(Compressor):
                    + 4 * LENGTH_BYTES)
         return at_least_bytes(encoded, ctx.numel * itemsize, ops, like=flat)
 
-    def decode(self, payload, ctx, ops):
+    def decompress_flat(self, payload, ctx, ops):
         packed, small, medium, large = payload
         dtype = compute_dtype(ctx.dtype)
         bound = ops.constant([self.error_bound], dtype, like=packed)

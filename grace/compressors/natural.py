@@ -22,12 +22,12 @@ class Natural(Seeded, Compressor):
     def __init__(self, seed: int = 0):
         self._init_seed(seed)
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         x = ops.cast(flat, "float32")
         step = self.next_step(name, ops)
         return list(encode(ops, x, seed=(self._seed_of(name, ctx, shared=False), step)))
 
-    def decode(self, payload, ctx, ops):
+    def decompress_flat(self, payload, ctx, ops):
         return ops.cast(decode(ops, *payload), ctx.dtype)
 
     def payload_nbytes(self, shape, itemsize):

@@ -12,10 +12,10 @@ class NoneCompressor(Compressor):
     elementwise = True
     passes_through = True
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         return [flat]
 
-    def decode(self, payload, ctx, ops):
+    def decompress_flat(self, payload, ctx, ops):
         return payload[0]
 
     def payload_nbytes(self, shape, itemsize):

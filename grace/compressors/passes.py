@@ -24,22 +24,23 @@ class Passes(Compressor):
         p = len(payload) // self.count
         return [payload[i * p:(i + 1) * p] for i in range(self.count)]
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         payload, left = [], flat
         for i in range(self.count):
-            part = self.inner.encode(left, name, ctx, ops)
+            part = self.inner.compress_flat(left, name, ctx, ops)
             payload += part
             if i + 1 < self.count:
                 left = ops.flatten(self.inner.residual(left, part, ctx, ops))
         return payload
 
-    def decode(self, payload, ctx, ops):
-        return ops.flatten(self.inner.combine(self._parts(payload), ctx, ops))
+    def decompress_flat(self, payload, ctx, ops):
+        return ops.flatten(self.inner.aggregate_payloads(self._parts(payload), ctx, ops))
 
-    def combine(self, payloads, ctx, ops, scale=1.0):
-        return self.inner.combine([part for p in payloads for part in self._parts(p)], ctx, ops, scale)
+    def aggregate_payloads(self, payloads, ctx, ops, scale=1.0):
+        parts = [part for p in payloads for part in self._parts(p)]
+        return self.inner.aggregate_payloads(parts, ctx, ops, scale)
 
-    def decoded_residual(self, compensated, payload, ctx, ops, overwrite=False):
+    def residual(self, compensated, payload, ctx, ops, overwrite=False):
         for part in self._parts(payload):
             compensated = self.inner.residual(compensated, part, ctx, ops)
         return compensated

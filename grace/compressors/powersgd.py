@@ -42,7 +42,7 @@ class PowerSGD(Compressor):
         n, m, r = self._dims(shape)
         return (n + m) * r * itemsize
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         n, m, r = self._dims(ctx.shape)
         dtype = compute_dtype(ctx.dtype)
         matrix = ops.reshape(ops.cast(flat, dtype), (n, m))
@@ -97,14 +97,14 @@ class PowerSGD(Compressor):
         left = ops.matmul(ctx.data["p"], q, transpose_b=True, subtract_from=matrix)
         return ops.reshape(ops.cast(left, ctx.dtype), ops.shape(compensated))
 
-    def combine(self, payloads, ctx, ops, scale=1.0):
+    def aggregate_payloads(self, payloads, ctx, ops, scale=1.0):
         if len(payloads) != 1 or scale == 1.0 or "p" not in ctx.data:
-            return super().combine(payloads, ctx, ops, scale)
+            return super().aggregate_payloads(payloads, ctx, ops, scale)
         # The summed Q scaled (m × r values), not the n × m product.
         (q,) = payloads[0]
         return self.decompress([ops.scale(q, scale)], ctx, ops)
 
-    def decode(self, payload, ctx, ops):
+    def decompress_flat(self, payload, ctx, ops):
         n, m, r = ctx.data["dims"]
         if "p" not in ctx.data:
             # A first-round payload decompressed on its own (inspection, one worker): finish the

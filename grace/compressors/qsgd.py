@@ -50,7 +50,7 @@ class QSGD(Seeded, Tabled, Compressor):
     def blocks(self, numel: int) -> Blocks:
         return Blocks.of(numel, self.block_size)
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         blocks = self.blocks(ctx.numel)
         # A norm beyond the dtype's range (values near its maximum) is clamped, which keeps the

@@ -88,7 +88,7 @@ class RandomK(Seeded, Sparse, Compressor):
         between processes)."""
         return self._seed_of(name, None, shared=True)(step)
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         k = self.k(ctx.numel)
         indices = self.indices(ctx.numel, k, name, ctx, ops, like=flat, shared=True)
         ctx.data["indices"] = indices
@@ -100,8 +100,8 @@ class RandomK(Seeded, Sparse, Compressor):
         ctx.data["name"] = name
         return [values, self.moments.drawn(name, indices, ops, like=flat)]
 
-    def combine(self, payloads, ctx, ops, scale=1.0):
-        burst = super().combine(payloads, ctx, ops, scale)
+    def aggregate_payloads(self, payloads, ctx, ops, scale=1.0):
+        burst = super().aggregate_payloads(payloads, ctx, ops, scale)
         if self.moments is None:
             return burst
         mean = self.aggregate([p[1] for p in payloads], ops)

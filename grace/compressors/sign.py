@@ -94,10 +94,10 @@ class SignSGD(Compressor):
                 f"and no gradient clipping after synchronize(), which would shrink the votes by the "
                 f"square root of their count")
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         return [steps.sign_bits(ops, flat)]
 
-    def decode(self, payload, ctx, ops):
+    def decompress_flat(self, payload, ctx, ops):
         return _signs(payload[0], ctx, ops, compute_dtype(ctx.dtype))
 
     def aggregate(self, tensors, ops):
@@ -120,12 +120,12 @@ class Votes(Compressor):
     name = "votes"
     sends_exactly = True
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         codes = ops.add(ops.sign(x), ops.full(ctx.numel, 1.0, ops.dtype(x), like=x))  # 0, 1, 2
         return [ops.cast(ops.max_abs(x), ctx.dtype), ops.pack_bits(ops.cast(codes, "uint8"), 2)]
 
-    def decode(self, payload, ctx, ops):
+    def decompress_flat(self, payload, ctx, ops):
         scale, packed = payload
         values = ops.mul(ops.constant([-1.0, 0.0, 1.0, 0.0], ctx.dtype, like=packed),
                          ops.cast(scale, ctx.dtype))
@@ -170,7 +170,7 @@ class Signum(OwnsMomentum, SignSGD):
     def params(self):
         return {"beta": self.beta, "nesterov": self.nesterov}
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         # sign() ignores a positive scale, so the optimizer's dampening does not matter here.
         momentum = self.state_store.load(ops, self.momentum_buffers, name, like=flat)
         momentum = steps.scaled_sum(ops, momentum, flat, alpha=self.beta, beta=1.0 - self.beta)
@@ -208,7 +208,7 @@ class EFSignSGD(Tabled, Compressor):
     def params(self):
         return {"block_size": self.block_size}
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         blocks = Blocks.of(ctx.numel, self.block_size)
         _, positive, negative, _ = steps.block_parts(blocks, x, ops)
@@ -268,7 +268,7 @@ class OneBit(Tabled, Compressor):
         bits = OWNER_BITS if self.owner_bits is None else self.owner_bits
         return self if bits == 1 else Passes(self, bits)
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         blocks = Blocks.of(ctx.numel, self.block_size)
         count, positive, negative, _ = steps.block_parts(blocks, x, ops)

@@ -39,7 +39,7 @@ class Sketch(Seeded, Compressor):
     def params(self):
         return {"buckets": self.buckets, "seed": self.seed}
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         n, b = ctx.numel, self.buckets
         m = min(n, SAMPLE)
@@ -49,7 +49,7 @@ class Sketch(Seeded, Compressor):
         means = ops.div(sums, ops.maximum(counts, 1.0))
         return [ops.cast(means, ctx.dtype), ids]
 
-    def decode(self, payload, ctx, ops):
+    def decompress_flat(self, payload, ctx, ops):
         means, ids = payload
         return steps.unpack_values(ops, ids, means, bits=8, n=ctx.numel)
 

@@ -38,7 +38,7 @@ class TernGrad(Seeded, Compressor):
     def params(self):
         return {"clip": self.clip, "seed": self.seed}
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         scale = ops.max_abs(x)
         if self.clip is not None:
@@ -51,7 +51,7 @@ class TernGrad(Seeded, Compressor):
             seed=(self._seed_of(name, ctx, shared=False), self.next_step(name, ops)))
         return [ops.cast(scale, ctx.dtype), codes]
 
-    def decode(self, payload, ctx, ops):
+    def decompress_flat(self, payload, ctx, ops):
         scale, packed = payload
         values = level_values(2, ops.cast(scale, compute_dtype(ctx.dtype)), ctx, ops, like=packed)
         return steps.unpack_values(ops, packed, values, bits=2, n=ctx.numel)

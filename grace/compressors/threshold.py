@@ -30,6 +30,6 @@ class Threshold(Sparse, Compressor):
         encoded = ops.count_at_least(flat, self.threshold) * entry + 2 * LENGTH_BYTES
         return at_least_bytes(encoded, ctx.numel * ops.itemsize(ctx.dtype), ops, like=flat)
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         indices = ops.indices_at_least(flat, self.threshold)
         return [ops.gather(flat, indices), indices]

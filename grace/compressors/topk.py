@@ -59,7 +59,7 @@ class TopK(Sparse, Compressor):
     def k(self, numel: int) -> int:
         return kept(self.ratio, numel)
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         indices = ops.topk_indices(flat, self.k(ctx.numel))
         return [ops.gather(flat, indices), indices]
 

@@ -79,7 +79,7 @@ class TwoBit(Tabled, Compressor):
         return ops.concat([ops.scale(head, self.threshold / math.sqrt(blocks.size)),
                            ops.scale(tail, self.threshold / math.sqrt(last))])
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         blocks = self.blocks(ctx.numel)
         rows = blocks.rows(ops.cast(flat, compute_dtype(ctx.dtype)), ops)
         t = self._thresholds(rows, blocks, ctx, ops)

@@ -24,14 +24,14 @@ class U8bit(Compressor):
     name = "u8bit"
     default_communicator = "allgather"
 
-    def encode(self, flat, name, ctx, ops):
+    def compress_flat(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
         scale = ops.max_abs(x)
         divisor = ops.maximum(scale, TINY)
         boundaries = ops.constant(BOUNDARIES, "float32", like=flat)
         return [ops.cast(scale, ctx.dtype), magnitude_buckets(ops, x, divisor, boundaries)]
 
-    def decode(self, payload, ctx, ops):
+    def decompress_flat(self, payload, ctx, ops):
         scale, codes = payload
         # The 256 possible bytes' values, computed once; the elements are decoded through them.
         value = ops.mul(ops.constant(TABLE, "float32", like=codes), ops.cast(scale, "float32"))
