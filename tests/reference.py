@@ -256,15 +256,20 @@ class DGCMemory(ResidualMemory):
         self.velocities[key] = np.where(sent != 0, 0.0, self.velocities[key])
 
 
-def two_stage(workers, encode, owner_encode, residuals_kept=True, memory=None):
+def two_stage(workers, encode, owner_encode, residuals_kept=True, memory=None, seeded=False,
+              float32=False):
     """``communicator="alltoall"`` from its definition: each worker cuts (gradient + its residual)
     into ``workers`` shards (sizes differing by at most one, the larger first) and encodes each
     (``encode(shard) -> what it decodes to``), its residual the rest; each shard's owner adds up
     the workers' decoded shards and its own residual, encodes that (``owner_encode``), its residual
     the rest; the owners' shards, joined, are the sum every worker receives. Without
     ``residuals_kept`` (no memory) neither side keeps one; ``memory``: the workers' own (a
-    ``ResidualMemory`` by default). Returns ``exchange(name, step, gradients) -> sum`` for
-    ``simulate``."""
+    ``ResidualMemory`` by default). ``seeded``: a codec that draws random numbers, called with
+    ``(x, key)``, ``key`` = (the name its draws are keyed by, the rank, the step): a worker encodes
+    shard ``j`` of ``name`` as ``name/j``, an owner its sum as ``name@owner``. ``float32``: every
+    sum in float32, as the pipeline adds (one worker's decoded shard onto the others' in rank
+    order), for a codec that ties between equal values or draws make sensitive to the last bit.
+    Returns ``exchange(name, step, gradients) -> sum`` for ``simulate``."""
 
     memory = memory or ResidualMemory()
     owners = {}
@@ -275,19 +280,26 @@ def two_stage(workers, encode, owner_encode, residuals_kept=True, memory=None):
         base, extra = divmod(size, workers)
         bounds = np.cumsum([0] + [base + (1 if j < extra else 0) for j in range(workers)])
         shards = [slice(bounds[j], bounds[j + 1]) for j in range(workers)]
-        totals = [np.zeros(s.stop - s.start) for s in shards]
+        dtype = np.float32 if float32 else np.float64
+        totals = [np.zeros(s.stop - s.start, dtype) for s in shards]
         for rank, g in enumerate(gradients):
             key = (name, rank)
-            c = memory.compensate(key, g.reshape(-1)) if residuals_kept else g.reshape(-1)
-            sent = np.concatenate([encode(c[s]) for s in shards])
+            g = g.reshape(-1).astype(dtype)
+            c = memory.compensate(key, g) if residuals_kept else g
+            if seeded:
+                sent = np.concatenate([encode(c[s], (f"{name}/{j}", rank, step))
+                                       for j, s in enumerate(shards)])
+            else:
+                sent = np.concatenate([encode(c[s]) for s in shards])
+            sent = sent.astype(dtype)
             if residuals_kept:
                 memory.update(key, c, sent)
             for j, s in enumerate(shards):
-                totals[j] = totals[j] + sent[s]
+                totals[j] = totals[j] + sent[s].astype(totals[j].dtype)
         out = []
         for j, total in enumerate(totals):
             t = total + owners.get((name, j), 0.0)
-            sent = owner_encode(t)
+            sent = (owner_encode(t, (f"{name}@owner", j, step)) if seeded else owner_encode(t)).astype(dtype)
             if residuals_kept:
                 owners[(name, j)] = t - sent
             out.append(sent)
@@ -360,6 +372,155 @@ def two_stage_inceptionn(workers, error_bound=2.0**-10):
     shard rounded to multiples of ``error_bound`` and keeps the rounding error (the dropped
     elements whole)."""
     return two_stage(workers, error_bounded(error_bound), error_bounded(error_bound))
+
+
+def stochastic_levels(x, scale, levels, draws):
+    """Stochastic rounding of ``|x| / scale * levels`` (float32, as it is computed) to an integer
+    ``q`` at most ``levels``, up where the draw lies below the fraction; ``±q * (scale / levels)``,
+    with ``x``'s sign."""
+    level = (np.abs(x) / scale) * np.float32(levels)
+    low = np.floor(level)
+    q = np.minimum(low + (draws < level - low), np.float32(levels))
+    value = q * (scale * np.float32(1.0 / levels))
+    return np.where(x < 0, -value, value).astype(np.float32)
+
+
+def draws_of(key, n, seed=0):
+    """The ``n`` uniform draws of a worker's codec for ``key`` = (name, rank, step): the numbers of
+    ``grace.rng``'s generator, its definition in numpy."""
+    from grace.compressor import stable_seed
+    from grace.rng import reference_uniform
+
+    name, rank, step = key
+    return reference_uniform(n, stable_seed(seed, name, step, rank))
+
+
+def qsgd_encode(levels=7, block_size=512, seed=0):
+    """QSGD of a flat array, from its definition, as it decodes: in blocks of ``block_size``
+    consecutive elements (one block for a smaller array), each element stochastically rounded to
+    one of ``levels`` levels of its block's norm (the norm summed in float64, sent in float32)."""
+    from grace.compressor import TINY
+
+    def encode(x, key):
+        x = np.asarray(x, np.float32)
+        draws = draws_of(key, x.size, seed)
+        size = x.size if block_size == 0 or block_size >= x.size else block_size
+        sent = np.empty_like(x)
+        for start in range(0, x.size, size):
+            part = x[start:start + size]
+            norm = np.float32(np.sqrt(np.sum(part.astype(np.float64) ** 2)))
+            sent[start:start + size] = stochastic_levels(part, max(norm, np.float32(TINY)), levels,
+                                                         draws[start:start + size])
+        return sent
+    return encode
+
+
+def two_stage_qsgd(workers, levels=7, block_size=512):
+    """QSGD through the owners (no memory, so no residual on either side): each worker's shards
+    quantized with its own draws, each owner's float32 sum of them quantized again with its own."""
+    encode = qsgd_encode(levels, block_size)
+    return two_stage(workers, encode, encode, residuals_kept=False, seeded=True, float32=True)
+
+
+def terngrad_encode(clip=2.5, seed=0):
+    """TernGrad of a flat array, from its definition, as it decodes: ``s`` the largest magnitude,
+    at most ``clip`` times the root mean square; each element ``±s`` with probability ``|x| / s``
+    (1 beyond ``s``), else 0."""
+    from grace.compressor import TINY
+
+    def encode(x, key):
+        x = np.asarray(x, np.float32)
+        scale = np.abs(x).max()
+        if clip is not None:
+            norm = np.float32(np.sqrt(np.sum(x.astype(np.float64) ** 2)))
+            rms = norm * np.float32(1.0 / np.sqrt(x.size))
+            scale = min(scale, rms * np.float32(clip))
+        return stochastic_levels(x, max(np.float32(scale), np.float32(TINY)), 1, draws_of(key, x.size, seed))
+    return encode
+
+
+def two_stage_terngrad(workers, clip=2.5):
+    """TernGrad through the owners (no memory): each worker's shards ternarized with its own draws
+    and scale, each owner's float32 sum of them again."""
+    encode = terngrad_encode(clip)
+    return two_stage(workers, encode, encode, residuals_kept=False, seeded=True, float32=True)
+
+
+def natural_encode(seed=0):
+    """Natural compression of a flat array, from its definition, as it decodes: each float32
+    magnitude ``2^e <= |x| < 2^(e+1)`` goes to ``2^e`` or, with probability ``(|x| - 2^e) / 2^e``,
+    to ``2^(e+1)`` (at most 2^127); one below the smallest normal, 2^-126, to 0 or to it."""
+    smallest = np.float32(2.0**-126)
+
+    def encode(x, key):
+        x = np.asarray(x, np.float32)
+        magnitude = np.abs(x)
+        low = np.ldexp(np.float32(1.0), np.frexp(magnitude)[1] - 1).astype(np.float32)
+        normal = magnitude >= smallest
+        low = np.where(normal, low, smallest)
+        up = draws_of(key, x.size, seed) < (magnitude - np.where(normal, low, 0)) / low
+        value = np.where(up, np.minimum(2 * low.astype(np.float64), 2.0**127), np.where(normal, low, 0))
+        return np.where(x < 0, -value, value).astype(np.float32)
+    return encode
+
+
+def two_stage_natural(workers):
+    """Natural compression through the owners (no memory): each worker's shards rounded to powers of
+    two with its own draws, each owner's float32 sum of them again."""
+    encode = natural_encode()
+    return two_stage(workers, encode, encode, residuals_kept=False, seeded=True, float32=True)
+
+
+def quantile_means(buckets=256):
+    """SketchML's encoding of a flat array of at most 65,536 elements (its quantiles exact), from
+    its definition, as it decodes: cut at the sorted values of ranks ``i * n // buckets``, each
+    element (in float32) becomes the mean of the elements between its neighbouring cuts (summed in
+    float64, sent in float32)."""
+    def encode(x):
+        x = np.asarray(x, np.float32)
+        cuts = np.minimum(x.size - 1, np.arange(1, buckets) * x.size // buckets)
+        ids = np.searchsorted(np.sort(x)[cuts], x, side="right")
+        sums = np.bincount(ids, x.astype(np.float64), buckets)
+        means = (sums / np.maximum(np.bincount(ids, minlength=buckets), 1)).astype(np.float32)
+        return means[ids]
+    return encode
+
+
+def two_stage_sketch(workers, buckets=256):
+    """SketchML through the owners (its default residual on both sides): each worker's shards and
+    each owner's sum plus its residual sent as the means of their quantile buckets."""
+    return two_stage(workers, quantile_means(buckets), quantile_means(buckets), float32=True)
+
+
+def adaq_encode(ratio=0.01, sample_ratio=0.01, seed=0):
+    """AdaQ of a flat array, from its definition, as it decodes: from ``m`` elements drawn without
+    replacement (``ratio`` of the array, at least 256), ``top`` the ``k``-th largest and ``bottom``
+    the ``k``-th smallest (``k = ratio m``, at least 1); the positive elements at or above ``top``
+    become their mean, the negative ones at or below ``bottom`` theirs, the rest 0 (arrays small
+    enough that no cap on the indices applies)."""
+    from grace.compressor import stable_seed
+    from grace.rng import reference_indices
+
+    def encode(x, key):
+        name, rank, step = key
+        x = np.asarray(x, np.float32)
+        m = min(x.size, max(1, int(x.size * sample_ratio), 256))
+        k = max(1, int(m * ratio))
+        sample = np.sort(x[reference_indices(x.size, m, stable_seed(seed, name, step, rank))])
+        sent = np.zeros_like(x)
+        for chosen in ((x >= sample[m - k]) & (x > 0), (x <= sample[k - 1]) & (x < 0)):
+            if chosen.any():
+                sent[chosen] = np.float32(x[chosen].sum(dtype=np.float64)) / np.float32(chosen.sum())
+        return sent
+    return encode
+
+
+def two_stage_adaq(workers, ratio=0.01):
+    """AdaQ through the owners (error feedback on both sides: its momentum memory, without an
+    optimizer's momentum, is the residual): each worker's shards and each owner's sum plus its
+    residual sent as two means at the positions beyond the sampled thresholds."""
+    encode = adaq_encode(ratio)
+    return two_stage(workers, encode, encode, seeded=True, float32=True)
 
 
 def keep_at_least(threshold):

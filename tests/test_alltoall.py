@@ -196,7 +196,60 @@ def test_u8bit_equals_the_two_stage_model(workers):
     assert_matches_the_model(pipelines, reference.two_stage_u8bit(workers), atol=1e-5)
 
 
-@pytest.mark.parametrize("name, workers", [("twobit", 3), ("twobit", 4), ("onebit", 4), ("topk", 3)])
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_qsgd_equals_the_two_stage_model(workers):
+    """QSGD through the owners, without memory on either side: each worker's shards stochastically
+    rounded to 7 levels of each block's norm, with that worker's draws for ``w/j``, each owner's
+    float32 sum of them again with its draws for ``w@owner``; a level off anywhere is a norm / 7
+    off, far beyond the tolerance."""
+    pipelines = [grace.qsgd(communicator="alltoall") for _ in range(workers)]
+    assert_matches_the_model(pipelines, reference.two_stage_qsgd(workers), atol=1e-5)
+
+
+@pytest.mark.parametrize("workers", [3, 4])
+def test_terngrad_equals_the_two_stage_model(workers):
+    """TernGrad through the owners, without memory: each worker's shards ternarized against their
+    largest magnitude clipped at 2.5 root mean squares, each owner's sum again; and without the
+    clip."""
+    for clip in (2.5, None):
+        pipelines = [grace.terngrad(clip=clip, communicator="alltoall") for _ in range(workers)]
+        assert_matches_the_model(pipelines, reference.two_stage_terngrad(workers, clip), atol=1e-5)
+
+
+@pytest.mark.parametrize("workers", [3, 4])
+def test_natural_equals_the_two_stage_model(workers):
+    """Natural compression through the owners, without memory: each worker's shards rounded at
+    random to a neighbouring power of two, each owner's sum again."""
+    pipelines = [grace.natural(communicator="alltoall") for _ in range(workers)]
+    assert_matches_the_model(pipelines, reference.two_stage_natural(workers), atol=1e-6)
+
+
+@pytest.mark.parametrize("workers", [3, 4])
+def test_sketch_equals_the_two_stage_model(workers):
+    """SketchML through the owners (error feedback on both sides): each worker's shards and each
+    owner's sum plus its residual sent as the means of 256 equal-count buckets (shards under
+    65,536 elements: exact quantiles, no sample); 16 buckets too, where each holds many values."""
+    for buckets in (256, 16):
+        pipelines = [grace.sketch(buckets=buckets, communicator="alltoall") for _ in range(workers)]
+        assert_matches_the_model(pipelines, reference.two_stage_sketch(workers, buckets), atol=1e-5)
+
+
+@pytest.mark.parametrize("workers", [3, 4])
+def test_adaq_equals_the_two_stage_model(workers):
+    """AdaQ through the owners (error feedback on both sides): each worker's shards and each
+    owner's sum plus its residual reduced to two means at the positions beyond thresholds from
+    their own samples (``w/j``, ``w@owner``); at ratio 0.01 and 0.1."""
+    for ratio in (0.01, 0.1):
+        pipelines = [grace.adaq(ratio, communicator="alltoall") for _ in range(workers)]
+        assert_matches_the_model(pipelines, reference.two_stage_adaq(workers, ratio), atol=1e-5)
+
+
+SPARSIFIERS = {"topk": {"ratio": 0.25}, "dgc": {"ratio": 0.25}}
+
+
+@pytest.mark.parametrize("name, workers", [("twobit", 3), ("twobit", 4), ("onebit", 4), ("topk", 3)] + [
+    (name, 3) for name in ("dgc", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "natural",
+                           "u8bit", "sketch")])
 def test_bytes_through_the_owners_are_the_shards_payloads_exactly(name, workers):
     """A worker's bytes through the owners, counted from the shards' own sizes: it sends its n-1
     other shards' payloads (with a 4-byte length for each part whose size varies) and its own
@@ -206,16 +259,21 @@ def test_bytes_through_the_owners_are_the_shards_payloads_exactly(name, workers)
 
     # The first shard one element past a block of 512, the others a block each: the shards'
     # payloads differ in size (two blocks' scales against one), so a worker that counted another
-    # shard than its own, sent or received, is seen.
-    numel = 512 * workers + 1
-    pipelines = [grace.build(name, communicator="alltoall") for _ in range(workers)]
+    # shard than its own, sent or received, is seen. A sparsifier keeps a quarter of 1,004
+    # elements in the first shard (251) and of 1,003 in the others (250), for the same reason.
+    params = SPARSIFIERS.get(name, {})
+    numel = 1003 * workers + 1 if params else 512 * workers + 1
+    pipelines = [grace.build(name, communicator="alltoall", **params) for _ in range(workers)]
     exchange(pipelines, [[gaussian(numel, r)] for r in range(workers)], 1.0 / workers)
     inner = pipelines[0].compressor
     sizes = shard_sizes(numel, workers)
 
     def payload(codec, m, seed):  # the parts of one shard's payload, as the codec encodes them
-        parts, _ = codec.compress(gaussian(m, seed), "probe")
+        parts, _ = codec.compress(gaussian(m, seed), f"probe-{m}-{seed}")  # state apart
         return [p.nbytes for p in parts]
+
+    if params:  # the shards' payloads differ, as the comment above says
+        assert sum(payload(inner, sizes[0], 1)) != sum(payload(inner, sizes[-1], 1))
 
     assert inner.fixed_size  # the sizes below do not depend on the data: no lengths on the way in
     worker = {m: payload(inner, m, 1) for m in set(sizes)}

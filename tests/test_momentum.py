@@ -222,6 +222,22 @@ def test_a_sign_methods_far_too_large_rate_is_said_once_on_rank_0(run):
     assert "learning rate 0.01 is 100 times what it needs" in line
 
 
+def test_where_a_compressor_is_measured_short_is_said_once_on_rank_0_at_its_defaults(run):
+    """Each compressor built at its defaults whose quality runs miss a target says so once, on
+    rank 0, with the line ``Compressor.shortfall_notice`` makes (signum twice built, once said);
+    DGC, built here only with another ratio, and top-k, which meets every target, say nothing."""
+    from grace.registry import COMPRESSORS
+
+    _, log = run
+    for name in ("signsgd", "signum", "onebit"):
+        expected = COMPRESSORS[name]().shortfall_notice()
+        assert expected is not None
+        lines = [line for line in log.splitlines() if f"grace: {name} at its defaults" in line]
+        assert len(lines) == 1 and lines[0].startswith("[0]") and expected in lines[0], lines
+    for name in ("dgc", "randomk", "topk"):
+        assert f"grace: {name} at its defaults" not in log
+
+
 def test_signum_says_it_keeps_its_beta_over_sgd_without_momentum(run):
     out, log = run
     lines = [line for line in log.splitlines() if "grace: signum applies its own momentum" in line]

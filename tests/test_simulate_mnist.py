@@ -21,11 +21,14 @@ RUNS = {
     "owners": ("--spec", "topk:ratio=0.01;communicator=alltoall", "--workers", "4", "--passes", "1"),
     "gathered": ("--spec", "topk:ratio=0.01;communicator=allgather", "--workers", "4", "--passes", "1"),
 }
-# Top-k(0.01) at 4 simulated workers, one pass, seeds 0-4: through the owners 0.807, 0.785, 0.818,
-# 0.808, 0.812; gathered 0.790, 0.795, 0.808, 0.821, 0.800. The owners' second encoding moves the
-# accuracy by +1.7, -1.0, +1.0, -1.3, +1.1 points (mean +0.3, standard deviation 1.3): 3 points
-# is above every seed's difference, and about 2.3 deviations.
-OWNERS_WITHIN_POINTS = 3.0
+# Top-k(0.01) at 4 simulated workers, one pass, seeds 0-4, through the owners minus gathered, in
+# points: +1.7, -1.0, +1.0, -1.3, +1.1 on one machine (owners 0.807, 0.785, 0.818, 0.808, 0.812);
+# +3.6, +3.6, -2.1, +1.2, -1.1 on another (owners 0.813, 0.824, 0.790, 0.795, 0.808; gathered
+# 0.777, 0.788, 0.811, 0.783, 0.819), whose C loops round differently (-march=native). Ten
+# differences: mean +0.7, standard deviation 2.0. What the test guards against is the owners
+# doing worse; 5 points below gathered is 2.8 deviations under the mean, beyond every seed on
+# either machine, and a run whose owners lost the exchange ends near 0.10 (70 points below).
+OWNERS_AT_MOST_BELOW = 5.0
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +66,15 @@ def test_one_pass_of_uncompressed_adam_trains(runs):
 
 
 def test_four_workers_train_through_the_shards_owners_as_well_as_gathered(runs):
-    """Top-k(0.01) through the owners at 4 workers ends its first pass within 3 points of the same
-    compressor gathered, same seed and length (0.807 against 0.790 here; 4 real workers reached
-    0.797 through the owners, docs/results/alltoall/mnist-4workers.json): the bound is the seeds'
-    spread above. A run whose owners lost the exchange ends near 0.10."""
+    """Top-k(0.01) through the owners at 4 workers ends its first pass no more than 5 points
+    below the same compressor gathered, same seed and length (seed 0: 0.807 against 0.790 on
+    one machine, 0.813 against 0.777 on another; 4 real workers reached 0.797 through the owners,
+    docs/results/alltoall/mnist-4workers.json): the bound is the seeds' spread above. A run
+    whose owners lost the exchange ends near 0.10."""
     owners, gathered = result(runs["owners"]), result(runs["gathered"])
     assert owners["workers"] == gathered["workers"] == 4 and gathered["accuracy"][0] >= 0.75
-    gap = abs(owners["accuracy"][0] - gathered["accuracy"][0]) * 100
-    assert gap <= OWNERS_WITHIN_POINTS, (owners, gathered)
+    below = (gathered["accuracy"][0] - owners["accuracy"][0]) * 100
+    assert below <= OWNERS_AT_MOST_BELOW, (owners, gathered)
 
 
 @pytest.mark.parametrize("args, message", [
