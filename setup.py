@@ -11,7 +11,8 @@ setup(
     package_data={"grace.native": ["kernels.c", "common.h"], "grace.compressors": ["*.c"]},
     python_requires=">=3.9",
     install_requires=["numpy"],
-    extras_require={"progress": ["tqdm"], "plots": ["matplotlib"]},
+    extras_require={"progress": ["tqdm"], "plots": ["matplotlib"],
+                    "lightning": ["pytorch-lightning>=2.0"]},
     # The adapters register themselves with the core (grace/adapters.py), which names none of them.
     entry_points=open(os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                    "grace-entry-points.cfg")).read(),

@@ -73,5 +73,5 @@ __all__ = [
     "DEFAULT_MIN_NUMEL", "available", "build", "compressor_params", "from_params", "ops_for",
     "none", "fp16", "bf16", "topk", "randomk", "threshold", "dgc", "qsgd", "terngrad", "onebit",
     "signsgd", "signum", "efsignsgd", "natural", "powersgd", "u8bit", "sketch", "adaq", "inceptionn",
-    "twobit", "ddp_hook", "DDPState",
+    "twobit", "ddp_hook", "DDPState", "LightningCommHook",
 ]

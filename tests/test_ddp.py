@@ -23,8 +23,8 @@ WORKER = os.path.join(ROOT, "tests", "workers", "ddp_train.py")
 TOPK_BYTES = 10 * (64 * 4 + 64 * 4 + 8 * 4)  # per step: 64 float32 values, 64 int32 indices, b dense
 
 
-def torchrun(out, *args, nproc=2):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", WORKER,
+def torchrun(out, *args, nproc=2, worker=WORKER):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", worker,
            str(out), *args]
     proc = subprocess.run(cmd, cwd=ROOT, env=worker_env(), capture_output=True, text=True,
                           timeout=600)
