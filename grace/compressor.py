@@ -113,6 +113,14 @@ loads (``Pipeline.load_state_dict``)."""
 _warned_renamed: set[str] = set()
 
 
+def _warn_once(former: str, message: str, stacklevel: int) -> None:
+    """``message`` as a ``FutureWarning`` the first time this process meets the former name
+    ``former`` (a parameter's or a method's); ``stacklevel`` as the caller would give it."""
+    if former not in _warned_renamed:
+        _warned_renamed.add(former)
+        warnings.warn(message, FutureWarning, stacklevel=stacklevel + 1)
+
+
 def renamed(new: str, value: Any, former: Any, unset: Any) -> Any:
     """The value of the parameter ``new``, which may have been given by its former name
     (``former``, ``None`` where it was not): the former value, with a ``FutureWarning`` the first
@@ -123,11 +131,9 @@ def renamed(new: str, value: Any, former: Any, unset: Any) -> Any:
     if value != unset and value != former:
         raise ValueError(f"{new}={value!r} and its former name {old}={former!r} are both given; "
                          f"give {new} only")
-    if old not in _warned_renamed:
-        _warned_renamed.add(old)
-        warnings.warn(f"grace: the parameter {old} is now called {new} (the blocks of consecutive "
-                      f"elements that share a scale; a bucket is the tensors that travel together): "
-                      f"{old}={former!r} is taken as {new}={former!r}", FutureWarning, stacklevel=3)
+    _warn_once(old, f"grace: the parameter {old} is now called {new} (the blocks of consecutive "
+                    f"elements that share a scale; a bucket is the tensors that travel together): "
+                    f"{old}={former!r} is taken as {new}={former!r}", stacklevel=3)
     return former
 
 
@@ -139,11 +145,8 @@ with one ``FutureWarning`` a process."""
 
 
 def _warn_renamed_method(former: str, where: str) -> None:
-    if former not in _warned_renamed:
-        _warned_renamed.add(former)
-        warnings.warn(f"grace: Compressor.{former} is now called {RENAMED_METHODS[former]} "
-                      f"({where}); the former name will go in a later release",
-                      FutureWarning, stacklevel=4)
+    _warn_once(former, f"grace: Compressor.{former} is now called {RENAMED_METHODS[former]} "
+                       f"({where}); the former name will go in a later release", stacklevel=4)
 
 
 _running_former = threading.local()

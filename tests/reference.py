@@ -295,7 +295,7 @@ def two_stage(workers, encode, owner_encode, residuals_kept=True, memory=None, s
             if residuals_kept:
                 memory.update(key, c, sent)
             for j, s in enumerate(shards):
-                totals[j] = totals[j] + sent[s].astype(totals[j].dtype)
+                totals[j] = totals[j] + sent[s]
         out = []
         for j, total in enumerate(totals):
             t = total + owners.get((name, j), 0.0)
@@ -385,14 +385,20 @@ def stochastic_levels(x, scale, levels, draws):
     return np.where(x < 0, -value, value).astype(np.float32)
 
 
-def draws_of(key, n, seed=0):
-    """The ``n`` uniform draws of a worker's codec for ``key`` = (name, rank, step): the numbers of
-    ``grace.rng``'s generator, its definition in numpy."""
+def seed_of(key, seed=0):
+    """The seed of a worker's draws for ``key`` = (name, rank, step), as ``Seeded`` makes it."""
     from grace.compressor import stable_seed
-    from grace.rng import reference_uniform
 
     name, rank, step = key
-    return reference_uniform(n, stable_seed(seed, name, step, rank))
+    return stable_seed(seed, name, step, rank)
+
+
+def draws_of(key, n, seed=0):
+    """The ``n`` uniform draws of a worker's codec for ``key``: the numbers of ``grace.rng``'s
+    generator, its definition in numpy."""
+    from grace.rng import reference_uniform
+
+    return reference_uniform(n, seed_of(key, seed))
 
 
 def qsgd_encode(levels=7, block_size=512, seed=0):
@@ -458,8 +464,9 @@ def natural_encode(seed=0):
         low = np.ldexp(np.float32(1.0), np.frexp(magnitude)[1] - 1).astype(np.float32)
         normal = magnitude >= smallest
         low = np.where(normal, low, smallest)
-        up = draws_of(key, x.size, seed) < (magnitude - np.where(normal, low, 0)) / low
-        value = np.where(up, np.minimum(2 * low.astype(np.float64), 2.0**127), np.where(normal, low, 0))
+        down = np.where(normal, low, 0)  # rounded down: 2^e, or 0 below the smallest normal
+        up = draws_of(key, x.size, seed) < (magnitude - down) / low
+        value = np.where(up, np.minimum(2 * low.astype(np.float64), 2.0**127), down)
         return np.where(x < 0, -value, value).astype(np.float32)
     return encode
 
@@ -498,15 +505,13 @@ def adaq_encode(ratio=0.01, sample_ratio=0.01, seed=0):
     the ``k``-th smallest (``k = ratio m``, at least 1); the positive elements at or above ``top``
     become their mean, the negative ones at or below ``bottom`` theirs, the rest 0 (arrays small
     enough that no cap on the indices applies)."""
-    from grace.compressor import stable_seed
     from grace.rng import reference_indices
 
     def encode(x, key):
-        name, rank, step = key
         x = np.asarray(x, np.float32)
         m = min(x.size, max(1, int(x.size * sample_ratio), 256))
         k = max(1, int(m * ratio))
-        sample = np.sort(x[reference_indices(x.size, m, stable_seed(seed, name, step, rank))])
+        sample = np.sort(x[reference_indices(x.size, m, seed_of(key, seed))])
         sent = np.zeros_like(x)
         for chosen in ((x >= sample[m - k]) & (x > 0), (x <= sample[k - 1]) & (x < 0)):
             if chosen.any():

@@ -68,17 +68,23 @@ class LightningCommHook(Callback):
     def state_dict(self) -> dict[str, Any]:
         # Lightning writes the checkpoint from rank 0, and calls this on every worker first:
         # each worker's state travels to all, so that rank 0's file holds them all.
-        if not dist.is_available() or not dist.is_initialized():
-            return {"workers": [self.compression.state_dict()]}
-        workers: list = [None] * dist.get_world_size()
-        dist.all_gather_object(workers, self.compression.state_dict())
+        _, size = _rank_and_size()
+        workers: list = [self.compression.state_dict()] * size
+        if size > 1:
+            dist.all_gather_object(workers, workers[0])
         return {"workers": workers}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         workers = state_dict["workers"]
-        size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+        rank, size = _rank_and_size()
         if len(workers) != size:
             raise ValueError(f"this checkpoint holds the compression state of {len(workers)} "
                              f"workers and this job has {size}: resume with as many workers")
-        rank = dist.get_rank() if size > 1 else 0
         self.compression.load_state_dict(workers[rank])
+
+
+def _rank_and_size() -> tuple[int, int]:
+    """This worker's rank and the job's size in the default process group (0 and 1 without one)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
