@@ -1,7 +1,7 @@
 # The two commands of the README: `make run` and `make test`. Both set up first (idempotent, cached).
 PY := .venv/bin/python
 
-.PHONY: setup run test test-cuda lint soak compare quality bench clean
+.PHONY: setup run test test-cuda lint soak compare quality bench docs clean
 
 setup:
 	@bash scripts/setup.sh
@@ -38,6 +38,10 @@ quality: setup
 bench: setup
 	mkdir -p out
 	bash -o pipefail -c '$(PY) -m scripts.tools.bench_compressors --powersgd --overhead --json out/bench.json --plot out/bench.png | tee out/bench.md'
+
+# Every generated table of README.md and docs/ made again from its run files (scripts/doc_tables.py).
+docs: setup
+	$(PY) -m scripts.doc_tables
 
 lint: setup
 	.venv/bin/ruff check grace frameworks scripts tests

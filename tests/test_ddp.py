@@ -317,30 +317,3 @@ def test_two_hosts_flat_and_hierarchical_over_subgroups(tmp_path):
     per_owner = 9 * (64 * 8 + 8 * 4)
     assert sorted(i["stats"]["bytes_sent"] for i in infos) == [0, 0, per_owner, per_owner]
     assert "hierarchical=True under DDP: the first step of this process travels dense" in output
-
-
-@pytest.mark.parametrize("run", ["cuda/ddp_hooks_cuda", "ddp-1gbit/ddp_hooks"])
-def test_the_tables_in_the_docs_are_the_recorded_runs(run):
-    """docs/ddp.md's tables of the hooks' throughput are generated from the runs' JSON, not written
-    by hand."""
-    from scripts.tools import bench_ddp_hooks
-
-    doc = open(os.path.join(ROOT, "docs", "ddp.md")).read()
-    start = doc.index(f"<!-- generated: bench_ddp_hooks.py --from-json docs/results/{run}.json -->")
-    table = doc[doc.index("\n", start) + 1:doc.index("<!-- end generated -->", start)].strip()
-    with open(os.path.join(ROOT, "docs", "results", f"{run}.json")) as f:
-        assert table == bench_ddp_hooks.markdown(json.load(f))
-
-
-def test_the_before_and_after_table_in_the_docs_is_the_recorded_runs():
-    from scripts.tools import bench_ddp_hooks
-
-    doc = open(os.path.join(ROOT, "docs", "ddp.md")).read()
-    runs = ["docs/results/cuda/ab_before.json", "docs/results/cuda/ab_after.json"]
-    start = doc.index(f"<!-- generated: bench_ddp_hooks.py --compare {runs[0]} {runs[1]} -->")
-    table = doc[doc.index("\n", start) + 1:doc.index("<!-- end generated -->", start)].strip()
-    loaded = []
-    for run in runs:
-        with open(os.path.join(ROOT, run)) as f:
-            loaded.append(json.load(f))
-    assert table == bench_ddp_hooks.comparison(*loaded)

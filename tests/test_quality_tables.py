@@ -128,23 +128,6 @@ def test_the_quality_tables_are_what_the_recorded_runs_give(tmp_path):
         assert regenerated == committed, f"docs/quality/{name} is not what its runs give"
 
 
-def test_the_catalogues_safety_table_is_what_the_recorded_runs_give():
-    """docs/catalogue.md's "Where each is measured safe" is safety_markdown of the runs its block
-    names (glob included), every compressor of the catalogue a row."""
-    import glob
-    import json
-
-    import grace
-    from tests.docs_blocks import generated_blocks
-
-    ((files, body),) = generated_blocks("catalogue.md", "quality.py --from-json")
-    paths = sorted(p for pattern in files for p in glob.glob(pattern))
-    assert paths and all(p.endswith(".json") for p in paths)
-    runs = [json.load(open(p)) for p in paths]
-    assert body == quality.safety_markdown(quality.summarize(quality.merge(runs)), grace.available())
-    assert len(body.splitlines()) == 2 + len(grace.available())
-
-
 def test_a_safety_cell_is_the_mean_over_seeds_against_the_cases_target():
     """✓ where the mean gap over the seeds meets the target (points, or the perplexity target of
     the same class: 2% for 1 point, 10% for 3), else ✗ with the mean; ? without fp32 of the same

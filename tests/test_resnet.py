@@ -4,13 +4,11 @@ installed beside the pinned CPU build of torch) and the comparison's figures bui
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import pytest
 
 from scripts import compare, workloads
-from tests.launch import ROOT
 
 
 def test_the_model_has_torchvisions_resnet50_parameters_in_their_order():
@@ -140,23 +138,3 @@ def test_a_set_up_whose_every_repeat_failed_stays_a_failed_row(tmp_path):
     assert "| topk(ratio=0.01) | 30.0 | 0.67 | 0.56 | 300 | 10 | 223 |" in summary
     assert "| fp32 | failed |  |  |  |  |  |" in summary  # a failed set-up has no figures
     assert (tmp_path / "of_alone.png").stat().st_size > 0
-
-
-@pytest.mark.parametrize("folder", ["end-to-end", "end-to-end-100mbit", "end-to-end-tf-fused",
-                                    "end-to-end-unshaped"])
-def test_the_end_to_end_table_in_the_docs_is_the_one_the_run_data_give(folder):
-    """docs/results.md's lead tables are generated from the recorded runs, not typed: rebuilding
-    each from its results.json (every repeat of one run of compare.py, one worker alone included)
-    gives the text the page shows, every figure a median of at least three repeats."""
-    import json
-
-    with open(os.path.join(ROOT, "docs", "results", folder, "results.json")) as f:
-        runs = json.load(f)
-    rows = compare.medians(runs)
-    for row in rows:
-        assert row["status"] == "ok" and len(row["repeats"]) >= 3, (row["compression"], row["rate"])
-    table = compare.end_to_end_markdown(rows)
-    assert table.strip()
-    with open(os.path.join(ROOT, "docs", "results.md")) as f:
-        page = f.read()
-    assert table.strip() in page

@@ -9,9 +9,7 @@ import json
 
 import pytest
 
-from scripts import compare
 from scripts import time_to_accuracy as tta
-from tests.docs_blocks import generated_blocks
 
 TOPK = json.dumps({"compressor": "topk", "ratio": 0.01})
 SIGN = json.dumps({"compressor": "signsgd"})
@@ -112,11 +110,3 @@ def test_the_table_and_plot(tmp_path):
     assert "Horovod's fp16 takes 16 s" in table
     assert (tmp_path / "time_to_accuracy.png").stat().st_size > 10_000
     assert json.loads((tmp_path / "time_to_accuracy.json").read_text()) == rows
-
-
-def test_the_table_in_the_docs_is_the_recorded_runs():
-    """docs/results.md's time-to-accuracy tables are this script's, from the recorded runs."""
-    blocks = generated_blocks("results.md", "time_to_accuracy.py --from-json")
-    assert blocks
-    for files, body in blocks:
-        assert body == tta.markdown(tta.summarize(compare.read_runs(files))).strip()

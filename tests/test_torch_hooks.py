@@ -4,14 +4,11 @@ the frameworks ``--engines`` gives, and the quality table of DDP's runs."""
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 
 from scripts import compare, quality, torch_hooks
-from tests.docs_blocks import generated_blocks
-from tests.launch import ROOT
 
 MLP = [(512, 784), (512,), (256, 512), (256,), (10, 256), (10,)]  # the mnist MLP, torch.nn.Linear
 
@@ -182,36 +179,3 @@ def test_ddp_rows_are_judged_against_ddp_without_a_hook_beside_horovods_run():
     # two runs that differ only in where the momentum went are two set-ups
     apart = [run("ddp", dgc, 0.1), {**run("ddp", dgc, 0.1), "optimizer_momentum": 0.0}]
     assert len(quality.merge([apart])) == 2
-
-
-def test_the_ddp_quality_tables_in_the_docs_are_the_recorded_runs():
-    """docs/ddp.md's accuracy tables of DDP, PyTorch's hooks and grace's hook are quality.py's, made
-    from the recorded runs (the latest of each set-up), not typed."""
-    import json
-
-    blocks = generated_blocks("ddp.md", "quality.py --from-json")
-    assert blocks
-    for files, body in blocks:
-        runs = []
-        for path in files:
-            with open(path) as f:
-                runs.append(json.load(f))
-        assert body == quality.ddp_markdown(quality.summarize(quality.merge(runs))).strip()
-
-
-@pytest.mark.parametrize("page", ["ddp.md", "results.md"])
-def test_the_throughput_tables_in_the_docs_are_the_recorded_runs(page):
-    """docs/ddp.md's throughput tables beside Horovod, and results.md's of two-bit beside its
-    neighbours, are compare.py's, from every repeat of the recorded runs, each figure a median of
-    at least three."""
-
-    blocks = generated_blocks(page, "compare.py --from-json")
-    assert blocks
-    if page == "results.md":  # two-bit's end-to-end and exchange rows, from its runs
-        assert [files for files, _ in blocks] == [[os.path.join(ROOT, "docs/results/twobit", f)]
-                                                 for f in ("resnet50.json", "exchange.json")]
-        assert all("| twobit |" in body for _, body in blocks)
-    for files, body in blocks:
-        rows = compare.medians(compare.read_runs(files))
-        assert all(r["status"] != "ok" or len(r["repeats"]) >= 3 for r in rows)
-        assert body == compare.summary_markdown(rows).strip()
