@@ -77,12 +77,15 @@ def merge(runs_per_file: list[list[dict]]) -> list[dict]:
     """One run per set-up (workload, optimizer, framework, compression, seed, length): the one
     finished last by its recorded date (``finished``); runs recorded before dates were (none)
     count as older than any dated run, and among them the later file wins. A run of another
-    length (``--epochs``) is another set-up: it shadows none."""
+    length (``--epochs``) is another set-up: it shadows none. fp32 is kept once per commit as
+    well: it is the baseline of the runs of its own code (``summarize``), which a later fp32 of
+    other code must not take from them."""
     merged: dict = {}
     for runs in runs_per_file:
         for r in runs:
             key = (r["workload"], r.get("optimizer", "sgd"), r["framework"], r["compression"],
-                   r.get("seed", 0), r.get("optimizer_momentum"), passes(r), r.get("init"))
+                   r.get("seed", 0), r.get("optimizer_momentum"), passes(r), r.get("init"),
+                   r.get("commit") if r["compression"] == "fp32" else None)
             if key not in merged or r.get("finished", "") >= merged[key].get("finished", ""):
                 merged[key] = r
     return list(merged.values())
@@ -104,6 +107,12 @@ def learning_rate(name: str, workload: str, optimizer: str) -> float | None:
         return cfg["sign_lr"]
     momentum = cfg.get("momentum", 0.0) if optimizer == "sgd" else 0.0  # the image models' SGD
     return sign.learning_rate(momentum_in_optimizer=0.0 if name == "signum" else momentum)
+
+
+def is_fp32(label: str) -> bool:
+    """Whether a row's label is uncompressed training: ``fp32``, or an earlier code's ``fp32 at
+    COMMIT`` that runs of that code are measured against (``summarize``)."""
+    return label == "fp32" or label.startswith("fp32 at ")
 
 
 def compressor_of(compression: str) -> str:
@@ -205,24 +214,37 @@ def summarize(results: list[dict]) -> list[dict]:
     """One row per run with its gap to fp32 (same framework, workload, optimizer, seed and length)
     of the same code: a run recorded with another commit than fp32's (runs before commits were
     recorded count as one unknown version) gets no gap, since fp32 itself moves when the code
-    does."""
+    does. Where fp32 ran with several commits, each is the baseline of its own code's runs: the
+    one finished last is the row ``fp32``, an earlier one that some run is measured against is the
+    row ``fp32 at COMMIT`` (``baseline_only``), so that every gap's baseline is in the table."""
     def case_of(r: dict) -> tuple:
         return (r["workload"], r.get("optimizer", "sgd"), r["framework"], r.get("seed", 0), passes(r),
                 r.get("init"))
 
-    baseline = {case_of(r): (_final(r), r.get("commit")) for r in results if r["compression"] == "fp32"}
+    fp32 = [r for r in results if r["compression"] == "fp32"]
+    baseline = {(case_of(r), r.get("commit")): _final(r) for r in fp32}
+    shown = {}
+    for r in fp32:
+        if r.get("finished", "") >= shown.get(case_of(r), {}).get("finished", ""):
+            shown[case_of(r)] = r
+    measured = {(case_of(r), r.get("commit")) for r in results if r["compression"] != "fp32"}
     rows = []
     for r in results:
         case = case_of(r)
+        baseline_only = r["compression"] == "fp32" and shown[case] is not r
+        if baseline_only and (case, r.get("commit")) not in measured:
+            continue  # replaced by a later fp32, and no run of its code left to measure
         name = compressor_of(r["compression"])
-        ref, ref_commit = baseline.get(case, (None, None))
+        ref = baseline.get((case, r.get("commit")))
         final = _final(r)
-        if ref is not None and r.get("commit") != ref_commit:
-            ref = None
         row = {"workload": r["workload"], "optimizer": case[1], "framework": r["framework"],
-               "compressor": compare.label(r["compression"]) + (" [Keras init]" if r.get("init") else ""),
+               "compressor": compare.label(r["compression"])
+               + (f" at {r.get('commit') or 'unrecorded code'}" if baseline_only else "")
+               + (" [Keras init]" if r.get("init") else ""),
                "lr": r.get("lr"), "seed": case[3],
                "status": r.get("status"), "final": final, "passes": case[4]}
+        if baseline_only:
+            row["baseline_only"] = True
         if r.get("optimizer_momentum") is not None:
             row["optimizer_momentum"] = r["optimizer_momentum"]
             row["horovod_twin"] = horovod_twin(r["compression"])
@@ -261,7 +283,7 @@ def seeds_markdown(rows: list[dict]) -> str:
     of the same seed): the gap per seed, their mean and their spread, against the target."""
     by_setup: dict = {}
     for r in rows:
-        if r.get("gap") is not None and r["compressor"] != "fp32":
+        if r.get("gap") is not None and not is_fp32(r["compressor"]):
             key = (r["workload"], r["optimizer"], r["framework"], r["compressor"],
                    r.get("optimizer_momentum"))
             by_setup.setdefault(key, {})[r.get("seed", 0)] = r
@@ -351,7 +373,7 @@ def markdown(rows: list[dict]) -> str:
             any_row = t or f
             target = any_row.get("target")
             met = [x.get("met") for x in (t, f) if x is not None and x.get("met") is not None]
-            verdict = "" if target is None or name == "fp32" else \
+            verdict = "" if target is None or is_fp32(name) else \
                 f"≤ {target:g} {'✓' if met and all(met) else '✗'}"
             lines.append(" | ".join([
                 f"| {name}", cell(any_row, "lr", "{:g}") if any_row.get("lr") else "–",
@@ -389,7 +411,7 @@ def ddp_markdown(rows: list[dict]) -> str:
                 lines.append(f"| {name} | {(r.get('status') or '')[:60]} | | | | | |")
                 continue
             target = r.get("target")
-            verdict = "" if target is None or r["compressor"] == "fp32" else \
+            verdict = "" if target is None or is_fp32(r["compressor"]) else \
                 f"≤ {target:g} {'✓' if r.get('met') else '✗'}"
             # Given by hand, the momentum Horovod's wrapper takes over: set beside Horovod's run.
             same = horovod.get(r["compressor"]) or horovod.get(r.get("horovod_twin"))
@@ -438,7 +460,7 @@ def plot(rows: list[dict], path: str) -> str | None:
     import matplotlib.pyplot as plt
 
     made = None
-    rows = [r for r in at_benchmark_length(rows) if r.get("seed", 0) == 0]
+    rows = [r for r in at_benchmark_length(rows) if r.get("seed", 0) == 0 and not r.get("baseline_only")]
     for workload in dict.fromkeys(r["workload"] for r in rows):
         ok = [r for r in rows if r["workload"] == workload and r.get("curve")]
         names = list(dict.fromkeys(r["compressor"] for r in ok))

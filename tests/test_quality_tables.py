@@ -88,6 +88,39 @@ def test_a_gap_is_only_to_fp32_of_the_same_code():
     assert "gap" not in rows["topk"] and "met" not in rows["topk"] and rows["topk"]["final"] == 0.85
 
 
+def test_each_commits_fp32_stays_the_baseline_of_its_own_runs():
+    """Issue 47/48: fp32 rerun with newer code does not take the baseline from runs of older code
+    kept beside it (two-bit's runs, made with their own fp32): the merge keeps fp32 once per commit,
+    each run's gap is to its own commit's, and the table shows every baseline a gap is to: the fp32
+    finished last as ``fp32``, the earlier one as ``fp32 at COMMIT``; an fp32 no run is measured
+    against any more is left out."""
+    def of(compression, accuracy, commit, finished):
+        return {**run(compression, 0, accuracy), "commit": commit, "finished": finished}
+
+    old_fp32 = of("fp32", 0.880, "aaa0001", "2026-11-20T10:00:00+00:00")
+    twobit = of('{"compressor": "twobit"}', 0.875, "aaa0001", "2026-11-20T11:00:00+00:00")
+    new_fp32 = of("fp32", 0.890, "bbb0002", "2026-11-26T10:00:00+00:00")
+    onebit = of(ONEBIT, 0.886, "bbb0002", "2026-11-26T11:00:00+00:00")
+    rerun = of("fp32", 0.889, "bbb0002", "2026-11-27T10:00:00+00:00")  # the same code again
+    merged = quality.merge([[old_fp32, twobit], [new_fp32, onebit], [rerun]])
+    assert sorted(r["epochs"][-1]["test_accuracy"] for r in merged
+                  if r["compression"] == "fp32") == [0.880, 0.889]
+    rows = quality.summarize(merged)
+    gaps = {r["compressor"]: r.get("gap") for r in rows}
+    assert gaps == {"fp32": pytest.approx(0.0), "fp32 at aaa0001": pytest.approx(0.0),
+                    "twobit": pytest.approx(0.5), "onebit": pytest.approx(0.3)}
+    finals = {r["compressor"]: r["final"] for r in rows if quality.is_fp32(r["compressor"])}
+    assert finals == {"fp32": 0.889, "fp32 at aaa0001": 0.880}
+    table = quality.markdown(rows)
+    assert table.count("| fp32 |") == 1 and table.count("| fp32 at aaa0001 |") == 1
+    assert "| twobit | – | – | – | 0.8750 | +0.50 | ≤ 1 ✓ |" in table
+    # the seeds table and the plots leave the baselines out
+    assert quality.seeds_markdown(rows) == ""
+    older = {**old_fp32, "finished": "2026-11-19T10:00:00+00:00", "commit": "ccc0003"}
+    rows = quality.summarize(quality.merge([[older, old_fp32, twobit], [new_fp32, onebit]]))
+    assert "fp32 at ccc0003" not in {r["compressor"] for r in rows}  # no run of its code
+
+
 def test_a_ddp_run_given_its_momentum_sits_beside_horovods_run_with_the_same_other_settings():
     """Under DDP the momentum Horovod's wrapper takes over is given to the compressor by hand; the
     table sets the run beside Horovod's of the same compressor and every other setting, not beside
