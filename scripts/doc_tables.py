@@ -198,7 +198,13 @@ def blocks(page: str) -> list[Block]:
 
 
 BY_HAND = re.compile(r"<!-- by hand: (?P<why>.+?) -->")
-NAMED_FILE = re.compile(r"docs/[\w./*-]+\.(?:json|md)")
+NAMED_FILE = re.compile(r"[\w./*-]+\.(?:json|md|csv|txt|png)\b")
+
+
+def named_files_exist(why: str) -> list[str]:
+    """The files a by-hand reason names (a path from the root, or from docs/) that do not exist."""
+    return [named for named in NAMED_FILE.findall(why)
+            if not any(glob.glob(os.path.join(ROOT, base, named)) for base in ("", "docs"))]
 
 
 def top_pages() -> list[str]:
@@ -213,12 +219,12 @@ def hand_tables(page: str) -> list[tuple[int, str | None]]:
     ``<!-- by hand: ... -->`` line gives, or None where it has none)."""
     with open(os.path.join(ROOT, page)) as f:
         text = BLOCK.sub(lambda m: "\n" * m.group(0).count("\n"), f.read())
-    lines = text.split("\n")
+    lines = [line.strip() for line in text.split("\n")]  # a table in a list item is indented
     found = []
     for i, line in enumerate(lines):
         if line.startswith("|") and (i == 0 or not lines[i - 1].startswith("|")):
             note = BY_HAND.fullmatch(lines[i - 1]) if i else None
-            found.append((i + 1, note["why"] if note else None))
+            found.append((i + 1, note["why"].strip() or None if note else None))
     return found
 
 

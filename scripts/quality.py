@@ -450,6 +450,12 @@ SERIES.update({("cnn", *rest): style for (workload, *rest), style in list(SERIES
                if workload == "mnist"})  # its own figure: the MLP's colours
 
 
+def plotted(rows: list[dict]) -> list[dict]:
+    """The rows the plots draw: seed 0 at the benchmark's length, without an earlier code's fp32
+    (``baseline_only``): fp32's curve is the latest one's."""
+    return [r for r in at_benchmark_length(rows) if r.get("seed", 0) == 0 and not r.get("baseline_only")]
+
+
 def plot(rows: list[dict], path: str) -> str | None:
     """Small multiples: one panel per compressor, the metric against epoch, one line per framework
     and optimizer, fp32's curves in grey behind; accuracy (mnist) and perplexity (lstm) side by
@@ -460,7 +466,7 @@ def plot(rows: list[dict], path: str) -> str | None:
     import matplotlib.pyplot as plt
 
     made = None
-    rows = [r for r in at_benchmark_length(rows) if r.get("seed", 0) == 0 and not r.get("baseline_only")]
+    rows = plotted(rows)
     for workload in dict.fromkeys(r["workload"] for r in rows):
         ok = [r for r in rows if r["workload"] == workload and r.get("curve")]
         names = list(dict.fromkeys(r["compressor"] for r in ok))

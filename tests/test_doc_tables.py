@@ -67,8 +67,63 @@ def test_every_other_table_says_why_it_is_written_by_hand(page):
     measurement, or where its figures come from; a run file it names exists."""
     for line, why in doc_tables.hand_tables(page):
         assert why, f"{page}:{line}: a table neither generated nor said to be by hand"
-        for named in doc_tables.NAMED_FILE.findall(why):
-            assert glob.glob(os.path.join(ROOT, named)), f"{page}:{line}: {named} does not exist"
+        assert not doc_tables.named_files_exist(why), f"{page}:{line}: names a file that is not there"
+
+
+def test_the_by_hand_rule_sees_every_table_and_takes_no_empty_or_wrong_reason(tmp_path, monkeypatch):
+    """A table in a list item counts; a by-hand line excuses only the table right under it; a
+    blank reason is none; a reason naming a file (from the root or from docs/) that is not there
+    is caught, whatever its extension."""
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "kept.json").write_text("[]")
+    (tmp_path / "docs" / "page.md").write_text("\n".join([
+        "<!-- by hand: not a measurement: settings -->", "| a | b |", "|---|---|", "",
+        "- in a list:", "", "  | c |", "  |---|", "",
+        "<!-- by hand: from results/kept.json -->", "", "| d |", "|---|", "",
+        "<!-- by hand:    -->", "| e |", "|---|", ""]))
+    monkeypatch.setattr(doc_tables, "ROOT", str(tmp_path))
+    assert doc_tables.hand_tables("docs/page.md") == [
+        (2, "not a measurement: settings"), (7, None), (12, None), (16, None)]
+    assert doc_tables.named_files_exist("from results/kept.json and docs/results/kept.json") == []
+    assert doc_tables.named_files_exist("from results/gone.json, docs/x.csv and notes.txt") == [
+        "results/gone.json", "docs/x.csv", "notes.txt"]
+
+
+@pytest.mark.parametrize("text, error", [
+    ("<!-- generated: compare.summary docs/r.json -->\n| a |\n", ValueError),  # no end
+    ("| a |\n<!-- end generated -->\n", ValueError),  # an end without its start
+    ("<!-- generated: compare.summary -->\n| a |\n<!-- end generated -->\n", ValueError),  # no files
+    ("<!-- generated: compare.summary docs/r.json -->\n<!-- generated: compare.summary docs/r.json -->"
+     "\n| a |\n<!-- end generated -->\n<!-- end generated -->\n", ValueError),  # nested
+    ("<!-- generated: compare.sumary docs/r.json -->\n| a |\n<!-- end generated -->\n", KeyError),
+    ("<!-- generated: compare.summary docs/gone.json -->\n| a |\n<!-- end generated -->\n",
+     FileNotFoundError),
+])
+def test_a_malformed_block_is_an_error_not_a_table_left_unchecked(tmp_path, monkeypatch, text, error):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "page.md").write_text(text)
+    (tmp_path / "docs" / "r.json").write_text("[]")
+    monkeypatch.setattr(doc_tables, "ROOT", str(tmp_path))
+    with pytest.raises(error):
+        for block in doc_tables.blocks("docs/page.md"):
+            block.made()
+
+
+def test_every_tool_output_beside_its_runs_is_checked_or_said_to_be_apart():
+    """A page X.md kept beside its runs X.json under docs/ is one of the checked outputs, or one
+    whose tool cannot make it from that file (named here, with why)."""
+    apart = {
+        # make bench's stdout, tee'd; bench_compressors writes its JSON with fewer columns
+        "docs/performance/bench.md": "bench_compressors.py prints it; no --from-json",
+        "docs/results/cuda/bench_cuda.md": "the same, on a lent GPU",
+        # cost_model.py writes model.json beside model.md: its output, made from make bench's JSON
+        "docs/results/alltoall/model.md": "cost_model.py --out, not from model.json",
+        "docs/results/model/model.md": "the same",
+    }
+    beside = {os.path.relpath(md, ROOT)
+              for md in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
+              if os.path.exists(md[:-3] + ".json")}
+    assert beside - set(OUTPUTS) == set(apart)
 
 
 def test_a_changed_figure_or_run_fails_the_check_and_the_generator_mends_it(tmp_path, monkeypatch):
@@ -96,3 +151,11 @@ def test_a_changed_figure_or_run_fails_the_check_and_the_generator_mends_it(tmp_
     assert [d.splitlines()[0] for d in doc_tables.differences()] == [
         "--- docs/results.md: compare.summary docs/results/twobit/exchange.json"]
     assert doc_tables.main(["--check"]) == 1
+    assert doc_tables.main([]) == 0 and doc_tables.differences() == []  # the page follows its runs
+    # an output file of a tool kept beside its runs: an edit is found, and undone
+    output = docs / "results" / "results.md"
+    kept = output.read_text()
+    output.write_text(kept + "| typed | by | hand |\n")
+    assert [d.splitlines()[0] for d in doc_tables.differences()] == ["--- docs/results/results.md"]
+    assert doc_tables.main(["--check"]) == 1
+    assert doc_tables.main([]) == 0 and output.read_text() == kept

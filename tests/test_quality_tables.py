@@ -112,10 +112,21 @@ def test_each_commits_fp32_stays_the_baseline_of_its_own_runs():
     finals = {r["compressor"]: r["final"] for r in rows if quality.is_fp32(r["compressor"])}
     assert finals == {"fp32": 0.889, "fp32 at aaa0001": 0.880}
     table = quality.markdown(rows)
-    assert table.count("| fp32 |") == 1 and table.count("| fp32 at aaa0001 |") == 1
+    assert table.count("| fp32 |") == 1
+    assert "| fp32 at aaa0001 | – | – | – | 0.8800 | +0.00 |  |" in table  # no verdict of its own
     assert "| twobit | – | – | – | 0.8750 | +0.50 | ≤ 1 ✓ |" in table
-    # the seeds table and the plots leave the baselines out
-    assert quality.seeds_markdown(rows) == ""
+    # whatever order the files come in, the same baselines (the latest fp32 by date is ``fp32``)
+    again = quality.summarize(quality.merge([[new_fp32, onebit], [rerun], [old_fp32, twobit]]))
+    assert {r["compressor"]: r.get("gap") for r in again} == gaps
+    assert {r["compressor"]: r["final"] for r in again if quality.is_fp32(r["compressor"])} == finals
+    # the plots draw the latest fp32 only; the seeds table has no baseline row
+    assert [r["final"] for r in quality.plotted(rows) if quality.is_fp32(r["compressor"])] == [0.889]
+    seed1 = [{**r, "seed": 1, "epochs": [{**e, "test_accuracy": e["test_accuracy"] - 0.001}
+                                         for e in r["epochs"]]}
+             for r in (old_fp32, twobit, new_fp32, onebit, rerun)]
+    seeds = quality.seeds_markdown(quality.summarize(quality.merge([[old_fp32, twobit, new_fp32, onebit,
+                                                                     rerun], seed1])))
+    assert "| twobit | 0: +0.50, 1: +0.50 |" in seeds and "fp32" not in seeds.split("\n", 2)[2]
     older = {**old_fp32, "finished": "2026-11-19T10:00:00+00:00", "commit": "ccc0003"}
     rows = quality.summarize(quality.merge([[older, old_fp32, twobit], [new_fp32, onebit]]))
     assert "fp32 at ccc0003" not in {r["compressor"] for r in rows}  # no run of its code

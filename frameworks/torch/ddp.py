@@ -200,9 +200,10 @@ class DDPState:
                     tensors.values.reshape(-1, *tensors.dense_shape[1:]), tensors.dense_shape,
                     dtype=buffer.dtype, device=buffer.device).coalesce())
                 continue
-            flat = tensors[0].reshape(-1) if len(tensors) == 1 else torch.cat(
-                [t.reshape(-1) for t in tensors])
-            buffer.copy_(flat)
+            if len(tensors) == 1:
+                buffer.copy_(tensors[0].reshape(-1))
+            else:  # written into the bucket in one pass, not joined apart and copied in after
+                torch.cat([t.reshape(-1) for t in tensors], out=buffer)
             future.set_result(buffer)
 
     def _check_agreement(self, names: "list[str]", gradients: "list[torch.Tensor]") -> None:
