@@ -1,7 +1,7 @@
 # The two commands of the README: `make run` and `make test`. Both set up first (idempotent, cached).
 PY := .venv/bin/python
 
-.PHONY: setup run test test-cuda lint soak compare quality bench docs clean
+.PHONY: setup run test test-slow test-cuda lint soak compare quality bench docs clean
 
 setup:
 	@bash scripts/setup.sh
@@ -9,8 +9,13 @@ setup:
 run: setup
 	$(PY) -m scripts.run_main
 
+# The suite but its long runs (under 15 minutes on 2 cores); test-slow runs those (tests marked
+# slow: the convergence matrix, the emulated cluster's comparisons...). CI runs both.
 test: setup lint
-	$(PY) -m pytest -q -p no:cacheprovider tests --ignore=tests/cuda
+	$(PY) -m pytest -q -p no:cacheprovider tests --ignore=tests/cuda -m "not slow"
+
+test-slow: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests --ignore=tests/cuda -m slow
 
 # The CUDA path (tests/cuda), on a machine with a GPU and PyTorch built for it; no Horovod needed.
 test-cuda:

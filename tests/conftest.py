@@ -10,6 +10,12 @@ from tests.loud_skips import (  # noqa: F401
 )
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: a long run (minutes): left out of `make test`, run by `make test-slow` "
+                   "and by CI (.ci/run runs both)")
+
+
 @pytest.fixture(scope="session")
 def gloo_run(tmp_path_factory):
     """tests/workers/torch_train.py on 2 Gloo workers, every scenario: one run for the session."""

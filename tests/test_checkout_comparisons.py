@@ -9,8 +9,13 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import grace
 from tests.launch import ROOT
+
+# Minutes long: in `make test-slow` and CI, not in `make test` (Makefile).
+pytestmark = pytest.mark.slow
 
 
 def measure(script: str, root: str, *args: str) -> subprocess.CompletedProcess:

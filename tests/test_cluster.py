@@ -16,7 +16,9 @@ import pytest
 from scripts import cluster, compare
 from tests.launch import ROOT
 
-pytestmark = pytest.mark.skipif(not cluster.can_emulate()[0], reason=cluster.can_emulate()[1])
+# Minutes long: in `make test-slow` and CI, not in `make test` (Makefile).
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not cluster.can_emulate()[0], reason=cluster.can_emulate()[1])]
 
 
 def mine(tag: str) -> list[str]:

@@ -28,6 +28,9 @@ import pytest
 import grace
 from tests.launch import ROOT, horovodrun
 
+# Minutes long: in `make test-slow` and CI, not in `make test` (Makefile).
+pytestmark = pytest.mark.slow
+
 WORKER = os.path.join(ROOT, "tests", "workers", "convergence.py")
 UNTRAINED_LOSS = math.log(10)
 MAX_LOSS = UNTRAINED_LOSS / 2

@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 import os
 
+import pytest
+
 from tests.launch import ROOT, horovodrun
+
+# Minutes long: in `make test-slow` and CI, not in `make test` (Makefile).
+pytestmark = pytest.mark.slow
 
 
 def test_each_crossing_gets_its_own_traced_step_and_a_paired_ratio(tmp_path):

@@ -17,6 +17,9 @@ import pytest
 
 from tests.launch import HOROVODRUN, ROOT, worker_env
 
+# Minutes long: in `make test-slow` and CI, not in `make test` (Makefile).
+pytestmark = pytest.mark.slow
+
 WORKER = os.path.join(ROOT, "tests", "workers", "torch_elastic.py")
 EMPTY = "e3b0c44298fc1c14"  # the digest of no residuals: a worker that has not stepped
 SIZES = [3] * 4 + [2] * 4 + [3] * 4  # steps 0-3, 4-7 (one removed), 8-11 (one joined)

@@ -48,11 +48,13 @@ def assert_same(out, name, phase):
         np.testing.assert_array_equal(w, w0)  # and the workers agree
 
 
+@pytest.mark.slow  # its module's runs take a minute or more (Makefile: test-slow)
 @pytest.mark.parametrize("name", params("torch", "resume"))
 def test_torch_resume_from_checkpoint_is_bit_identical(torch_runs, name):
     assert_same(torch_runs, name, "second")
 
 
+@pytest.mark.slow  # its module's runs take a minute or more (Makefile: test-slow)
 @pytest.mark.parametrize("name", params("torch", "resume"))
 def test_resuming_without_the_compression_state_would_differ(torch_runs, name):
     """The control that gives the test above its meaning: the state matters for every one."""
@@ -61,6 +63,7 @@ def test_resuming_without_the_compression_state_would_differ(torch_runs, name):
     assert not np.array_equal(w, full_w)
 
 
+@pytest.mark.slow  # its module's runs take a minute or more (Makefile: test-slow)
 @pytest.mark.parametrize("name", params("tf", "resume"))
 def test_tensorflow_resuming_without_the_compression_state_would_differ(tf_runs, name):
     full_w, _ = weights(tf_runs, name, "full", 0)
@@ -68,11 +71,13 @@ def test_tensorflow_resuming_without_the_compression_state_would_differ(tf_runs,
     assert not np.array_equal(w, full_w)
 
 
+@pytest.mark.slow  # its module's runs take a minute or more (Makefile: test-slow)
 @pytest.mark.parametrize("name", params("torch", "resume"))
 def test_torch_elastic_state_restores_compression_state(torch_runs, name):
     assert_same(torch_runs, name, "elastic")
 
 
+@pytest.mark.slow  # its module's runs take a minute or more (Makefile: test-slow)
 @pytest.mark.parametrize("name", params("tf", "resume"))
 def test_tensorflow_checkpoint_resume_is_bit_identical(tf_runs, name):
     assert_same(tf_runs, name, "second")
@@ -234,6 +239,7 @@ def tf_nonfinite_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # its module's runs take a minute or more (Makefile: test-slow)
 @pytest.mark.parametrize("name", params("tf", "nonfinite"))
 def test_tensorflow_overflow_leaves_no_trace_under_tf_function(tf_nonfinite_run, name):
     import pickle

@@ -13,6 +13,9 @@ import pytest
 
 from tests.launch import ROOT
 
+# Minutes long: in `make test-slow` and CI, not in `make test` (Makefile).
+pytestmark = pytest.mark.slow
+
 SCRIPT = ["-m", "scripts.studies.simulate_mnist"]  # run from the checkout (cwd=ROOT)
 
 
