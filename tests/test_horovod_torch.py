@@ -61,6 +61,7 @@ def test_topk_through_shard_owners_matches_the_two_stage_model(gloo_run):
     assert infos[0]["stats"]["bytes_received"] == 10 * (32 * 8 + 64 * 8 + 8 * 4)
 
 
+@pytest.mark.slow  # five real workers on two cores: half a minute (Makefile: test-slow)
 def test_auto_goes_through_the_owners_from_five_workers(tmp_path):
     """5 Gloo workers, top-k at its default ``communicator="auto"``: the two-stage model (the
     owners keeping twice the workers' share), not gathering, said once on rank 0; the same top-k

@@ -79,6 +79,7 @@ def tf_report(tmp_path_factory):
     return reports(tmp_path_factory, TF_WORKER)
 
 
+@pytest.mark.slow  # their module's TensorFlow run takes a minute (Makefile: test-slow)
 def test_tensorflow_tape_sends_indexed_slices_as_rows(tf_report):
     """DistributedGradientTape, eagerly and under tf.function: the table's gradient stays a
     tf.IndexedSlices, and the model matches the numpy model (float32 rounding apart) as Horovod's
@@ -96,6 +97,7 @@ def test_tensorflow_tape_sends_indexed_slices_as_rows(tf_report):
             assert fp16["bytes_sent"] < 0.6 * none["bytes_sent"]
 
 
+@pytest.mark.slow  # their module's TensorFlow run takes a minute (Makefile: test-slow)
 def test_tensorflow_topk_on_rows_matches_the_numpy_model(tf_report):
     """Eagerly, and under tf.function (where the number of rows is known only when the graph
     runs: the rows are encoded by numpy then, as the same algorithm)."""
@@ -108,6 +110,7 @@ def test_tensorflow_topk_on_rows_matches_the_numpy_model(tf_report):
         assert report["legacy.none"] < 1e-6 and report["legacy.topk"] < 1e-5  # the TF1 optimizer
 
 
+@pytest.mark.slow  # their module's TensorFlow run takes a minute (Makefile: test-slow)
 def test_keras_embedding_trains_as_one_process_on_all_the_data(tf_report):
     """model.fit with a Keras Embedding, SGD and Adam: 2 workers match one process stepping on
     both workers' batches at once. fp16 with Adam: Adam divides each element by its own size, so
@@ -118,6 +121,7 @@ def test_keras_embedding_trains_as_one_process_on_all_the_data(tf_report):
         assert report["keras.adam.fp16"] < 0.02 * 4 * 0.01
 
 
+@pytest.mark.slow  # their module's TensorFlow run takes a minute (Makefile: test-slow)
 def test_keras_fit_compresses_the_embeddings_rows(tf_report):
     """Top-k inside model.fit: the workers end alike, having sent under a third of what Horovod's
     sparse allgather would (4 steps of 160 lookups)."""
