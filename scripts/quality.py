@@ -86,9 +86,16 @@ def merge(runs_per_file: list[list[dict]]) -> list[dict]:
             key = (r["workload"], r.get("optimizer", "sgd"), r["framework"], r["compression"],
                    r.get("seed", 0), r.get("optimizer_momentum"), passes(r), r.get("init"),
                    r.get("commit") if r["compression"] == "fp32" else None)
-            if key not in merged or r.get("finished", "") >= merged[key].get("finished", ""):
+            if key not in merged or finished_later(r, merged[key]):
                 merged[key] = r
     return list(merged.values())
+
+
+def finished_later(run: dict, than: dict) -> bool:
+    """Whether ``run`` replaces ``than``: finished at the same time or later by its recorded date;
+    a run recorded before dates were (none) counts as older than any dated run, and of two such
+    the one met later wins."""
+    return run.get("finished", "") >= than.get("finished", "")
 
 
 def is_accuracy(workload: str) -> bool:
@@ -223,9 +230,9 @@ def summarize(results: list[dict]) -> list[dict]:
 
     fp32 = [r for r in results if r["compression"] == "fp32"]
     baseline = {(case_of(r), r.get("commit")): _final(r) for r in fp32}
-    shown = {}
+    shown: dict = {}
     for r in fp32:
-        if r.get("finished", "") >= shown.get(case_of(r), {}).get("finished", ""):
+        if case_of(r) not in shown or finished_later(r, shown[case_of(r)]):
             shown[case_of(r)] = r
     measured = {(case_of(r), r.get("commit")) for r in results if r["compression"] != "fp32"}
     rows = []
