@@ -45,6 +45,9 @@ class Collectives(Protocol):
     # Optional: ``allgather_equal_async(tensor, name)``, ``allgather_async`` where every worker's
     # tensor has the same length, for a layer that must otherwise exchange the lengths first
     # (``frameworks/torch/distributed.py``); the communicators call it where it exists.
+    # Optional: ``allreduce_given_async(tensor, name)``, ``allreduce_async`` of a tensor the caller
+    # gives over: the sum may be written into it, which saves a copy of the payload (``Allreduce``
+    # gives over what it joined itself, and the payloads that nothing reads after they are sent).
 
     def broadcast_async(self, tensor: Tensor, root: int, name: str) -> Handle:
         """Start sending ``root``'s ``tensor`` to every worker (the others pass a same-shaped one)."""

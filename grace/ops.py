@@ -116,6 +116,12 @@ class Ops(ABC):
         """1-d tensors joined end to end, in a new tensor (of one tensor too: the pipeline writes
         into a joined bucket)."""
 
+    def adjacent(self, xs: Sequence[Tensor]) -> Tensor | None:
+        """The tensors as one 1-d view, where they already lie end to end in one buffer, in
+        order (a DDP bucket's gradients are views of its flat buffer), else ``None``. Joining them
+        then copies nothing. A framework without views keeps this default."""
+        return None
+
     @abstractmethod
     def split(self, x: Tensor, sizes: Sequence[int] | Tensor) -> list[Tensor]:
         """A 1-d tensor cut into consecutive pieces of the given sizes (ints, or a 1-d tensor)."""

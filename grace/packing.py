@@ -27,6 +27,7 @@ class SumLayout:
 
     buffers: list[tuple[str, list[tuple[Key, int]]]] = field(default_factory=list)
     flag_buffer: int | None = None
+    made: list[bool] = field(default_factory=list)  # per buffer: a tensor joined here, not a part
 
     @property
     def flag_dtype(self) -> str | None:
@@ -44,6 +45,7 @@ def pack_sums(parts: Sequence[tuple[Key, Tensor]], flag: Tensor | None, ops: Ops
         if numel is not None and numel * ops.itemsize(ops.dtype(tensor)) >= alone_from:
             buffers.append(ops.flatten(tensor))
             layout.buffers.append((ops.dtype(tensor), [(key, ops.numel(tensor))]))
+            layout.made.append(False)
         else:
             by_dtype.setdefault(ops.dtype(tensor), []).append((key, tensor))
     floats = [d for d in by_dtype if d in FLOAT_DTYPES]
@@ -60,6 +62,7 @@ def pack_sums(parts: Sequence[tuple[Key, Tensor]], flag: Tensor | None, ops: Ops
             layout.flag_buffer = len(buffers)
         buffers.append(tensors[0] if len(tensors) == 1 else ops.concat(tensors))
         layout.buffers.append((dtype, [(key, ops.numel(t)) for key, t in members]))
+        layout.made.append(len(tensors) > 1)
     return buffers, layout
 
 

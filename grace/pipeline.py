@@ -377,6 +377,10 @@ class Pipeline:
         for entry in whole:
             dtype = ops.dtype(entry.source)
             route = self.plan(tuple(ops.shape(entry.source)), dtype, ops)
+            if route == Route.COMPRESSED and self.compressor.passes_through:
+                # It sends what dense sends: one group, so that a bucket's tensors lying end to
+                # end (DDP's) stay one view instead of two joined copies.
+                route = Route.DENSE
             if dtype in FLOAT_DTYPES and route in (Route.DENSE, Route.COMPRESSED):
                 groups.setdefault((dtype, route), []).append(entry)
             else:
@@ -385,10 +389,14 @@ class Pipeline:
             if len(members) == 1:
                 kept.append(members[0])
                 continue
-            flat = ops.concat([ops.flatten(e.source) for e in members])
+            # Tensors that lie end to end already (a DDP bucket's) are joined by a view of them;
+            # it is written into only where the caller gave them over (``overwrite``).
+            view = ops.adjacent([e.source for e in members])
+            flat = view if view is not None else ops.concat([ops.flatten(e.source) for e in members])
             kept.append(Entry(f"joined.{members[0].name}.{route.value}",
                               [e.positions[0] for e in members], [e.shapes[0] for e in members],
-                              flat, owned=True, route=route))
+                              flat, owned=view is None or all(e.owned for e in members),
+                              route=route))
         return kept
 
     def _prepare(self, entry: Entry, group: Collectives, ops: Ops) -> None:

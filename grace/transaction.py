@@ -2,9 +2,9 @@
 if any worker's gradient held an Inf or NaN anywhere in the step, dropped on every worker, with
 every result made NaN so that a loss scaler skips the step with nothing absorbed.
 
-Each bucket's 4-byte flag rides in its first buffer (``flag_of``); a tensor allreduced as it is,
-with no state, carries its own Inf or NaN into the sum every worker receives and needs none
-(``carries_nonfinite``). ``StepTransaction.decide`` adds the flags into one verdict and commits
+Each bucket's 4-byte flag rides in its first buffer (``flag_of``); a tensor allreduced as it is
+or cast (fp16), with no state, carries its own Inf or NaN into the sum every worker receives and
+needs none (``carries_nonfinite``). ``StepTransaction.decide`` adds the flags into one verdict and commits
 or drops every pending write by it."""
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from grace.state import StateStore
 
 
 def carries_nonfinite(compressor: Compressor, memory: Memory, communicator: Communicator) -> bool:
-    """Whether a tensor sent this way needs no flag of its own: allreduced as it is with no
-    state, an Inf or NaN on any worker is in the sum every worker receives, and there is nothing
-    to roll back."""
-    return compressor.passes_through and memory.stateless and communicator.sums
+    """Whether a tensor sent this way needs no flag of its own: allreduced as it is, or in a cast
+    that keeps Inf and NaN (``Compressor.keeps_nonfinite``), with no state, an Inf or NaN on any
+    worker is in the sum every worker receives, and there is nothing to roll back."""
+    return compressor.keeps_nonfinite and memory.stateless and communicator.sums
 
 
 def flag_of(entries: list[Entry], ops: Ops) -> Tensor | None:

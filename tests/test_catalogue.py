@@ -485,11 +485,11 @@ def test_stats_equal_the_bytes_that_went_into_the_collectives(name):
         pipeline.reduce(x, "w", Counting())
     stats = pipeline.stats()
     assert stats["bytes_sent"] + stats["bytes_control"] == sum(sent)
-    # one flag per bucket (here a tensor), except where the tensor is allreduced as it is: its sum
-    # carries any Inf or NaN itself; it rides in the payload's buffer, in a 16-bit sum as 2 bytes,
-    # else as 4; and a 4-byte vote more where the workers agree on the payload's form
-    sums16 = name in ("fp16", "bf16") and pipeline.communicator.name == "allreduce"
-    flag = 0 if name == "none" else 2 if sums16 else 4
+    # one flag per bucket (here a tensor), except where the tensor is allreduced as it is or cast
+    # (none, fp16): its sum carries any Inf or NaN itself; else it rides in the payload's buffer
+    # as 4 bytes (bf16 is gathered: its flag with it); and a 4-byte vote more where the workers
+    # agree on the payload's form
+    flag = 0 if name in ("none", "fp16") else 4
     vote = 4 if pipeline.compressor.agrees_on_form else 0
     assert stats["bytes_control"] == (flag + vote) * stats["tensors"]
     rounds = pipeline.compressor.rounds + (1 if vote else 0)
@@ -565,3 +565,26 @@ def test_the_former_bucket_size_is_taken_as_block_size_with_one_warning(monkeypa
     grace.qsgd(block_size=64).load_state_dict(state)
     with pytest.raises(ValueError, match="this compression state was saved by"):
         grace.qsgd(block_size=128).load_state_dict(state)
+
+
+# --- what a sum of payloads carries ----------------------------------------------------------------
+@pytest.mark.parametrize("name, backend", [  # numpy has no bfloat16
+    (n, b) for n in NAMES if grace.build(n).compressor.keeps_nonfinite for b in sorted(BACKENDS)
+    if (n, b) != ("bf16", "numpy")])
+def test_a_codec_that_keeps_nonfinite_values_decodes_each_where_it_was(name, backend):
+    """``keeps_nonfinite`` lets the exchange send no non-finite flag for a codec without state
+    (``grace.transaction``): every Inf or NaN must decode to an Inf or NaN in its place, and
+    every finite value to a finite one or to Inf (fp16's overflow, as Horovod's), never to NaN,
+    so that the sum every worker receives holds it. The declaration is held to that here."""
+    x = gaussian((64,))
+    x[[3, 17, 40]] = [np.inf, -np.inf, np.nan]
+    x[50] = 1e30  # beyond float16's range
+    compressor = grace.build(name).compressor
+    payload, ctx = compressor.compress(BACKENDS[backend](x), "x")
+    decoded = as_numpy(compressor.decompress(payload, ctx))
+    assert not np.isfinite(decoded[[3, 17, 40]]).any()
+    assert np.isnan(decoded[40]) and decoded[3] == np.inf and decoded[17] == -np.inf
+    finite = np.isfinite(x)
+    assert not np.isnan(decoded[finite]).any()
+    assert sorted(n for n in NAMES if grace.build(n).compressor.keeps_nonfinite) == \
+        ["bf16", "fp16", "none"]

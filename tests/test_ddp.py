@@ -317,3 +317,38 @@ def test_two_hosts_flat_and_hierarchical_over_subgroups(tmp_path):
     per_owner = 9 * (64 * 8 + 8 * 4)
     assert sorted(i["stats"]["bytes_sent"] for i in infos) == [0, 0, per_owner, per_owner]
     assert "hierarchical=True under DDP: the first step of this process travels dense" in output
+
+
+def test_a_buckets_gradients_are_joined_as_a_view_and_written_back_in_one_pass():
+    """DDP's gradients are views of its bucket's flat buffer: ``TorchOps.adjacent`` joins them as
+    a view of it (no copy), and nothing else (a gap, another order, another dtype, a strided
+    view); the hook's write-back leaves a result already in its place alone, copies the others
+    in, and reads a result lying elsewhere in the bucket before anything is written over it."""
+    import torch
+
+    from frameworks.torch.ddp import _write_into
+    from frameworks.torch.ops import TorchOps
+
+    ops = TorchOps()
+    buffer = torch.arange(10.0)
+    a, b, c = buffer[0:4].view(2, 2), buffer[4:7], buffer[7:10]
+    joined = ops.adjacent([a, b, c])
+    assert joined.data_ptr() == buffer.data_ptr() and tuple(joined.shape) == (10,)
+    joined[5] = -1.0
+    assert buffer[5] == -1.0
+    assert ops.adjacent([a, c]) is None
+    assert ops.adjacent([b, a]) is None
+    assert ops.adjacent([buffer[0:4], buffer.view(torch.int32)[4:7]]) is None
+    assert ops.adjacent([buffer[0:8:2], buffer[8:10]]) is None
+    assert ops.adjacent([buffer[0:4], torch.zeros(3)]) is None
+
+    buffer = torch.arange(10.0)
+    results = [buffer[6:10].view(2, 2), buffer[4:6], torch.tensor([7.0, 8.0, 9.0, 10.0])]
+    _write_into(buffer, results)
+    assert buffer.tolist() == [6.0, 7.0, 8.0, 9.0, 4.0, 5.0, 7.0, 8.0, 9.0, 10.0]
+    buffer = torch.arange(6.0)
+    _write_into(buffer, [torch.full((3,), -1.0), buffer[0:3]])  # read before 0:3 is written
+    assert buffer.tolist() == [-1.0, -1.0, -1.0, 0.0, 1.0, 2.0]
+    buffer = torch.zeros(5)
+    _write_into(buffer, [torch.ones(2), torch.full((3,), 2.0)])
+    assert buffer.tolist() == [1.0, 1.0, 2.0, 2.0, 2.0]

@@ -328,7 +328,36 @@ def test_powersgd_orthogonalizes_a_buckets_matrices_of_one_shape_together():
     assert sorted(calls) == [(2, 32, 2)] * 4 + [(3, 64, 2)] * 4
 
 
-def torch_exchange(pipelines, steps, overwrite, grads=gradients, poison=None, copying=False):
+class SummingInPlace:
+    """A worker's collectives that also sum a tensor given over in place
+    (``allreduce_given_async``), as Gloo's and Horovod's in-place allreduce do; each such call's
+    name is recorded in ``given``."""
+
+    def __init__(self, worker):
+        self.worker, self.given = worker, []
+        self.size, self.rank = worker.size, worker.rank
+
+    def __getattr__(self, name):
+        return getattr(self.worker, name)
+
+    def allreduce_given_async(self, tensor, name):
+        self.given.append(name)
+        return _InPlace(tensor, self.worker.allreduce_async(tensor, name))
+
+    def synchronize(self, handle):
+        if isinstance(handle, _InPlace):
+            handle.tensor.copy_(self.worker.synchronize(handle.inner))
+            return handle.tensor
+        return self.worker.synchronize(handle)
+
+
+class _InPlace:
+    def __init__(self, tensor, inner):
+        self.tensor, self.inner = tensor, inner
+
+
+def torch_exchange(pipelines, steps, overwrite, grads=gradients, poison=None, copying=False,
+                   in_place=None):
     """``exchange`` with torch tensors through ``TorchOps``, handed over as the PyTorch wrapper
     hands its gradients: each worker keeps one gradient tensor per name across steps (a
     ``p.grad``: zeroed, then the step's gradient added, as ``zero_grad(set_to_none=False)`` and
@@ -336,7 +365,8 @@ def torch_exchange(pipelines, steps, overwrite, grads=gradients, poison=None, co
     each at its result with ``set_``. Per worker, per step: the results and the gradients as the
     caller held them just before ``set_`` (numpy). ``poison``: (rank, step) whose first gradient
     gets a NaN. ``copying``: an adapter that never writes into a tensor (``writable`` False): the
-    way error feedback went before it could write into the gradient."""
+    way error feedback went before it could write into the gradient. ``in_place``: a list that
+    gets each worker's ``SummingInPlace`` collectives."""
     import torch
 
     from frameworks.torch.ops import TorchOps
@@ -354,7 +384,10 @@ def torch_exchange(pipelines, steps, overwrite, grads=gradients, poison=None, co
 
     def run(rank):
         pipeline, worker = pipelines[rank], group.worker(rank)
-        held = [torch.zeros(x.shape) for x in grads(rank, 0)]
+        if in_place is not None:
+            worker = SummingInPlace(worker)
+            in_place.append(worker)
+        held = [torch.zeros(x.shape, dtype=torch.from_numpy(x).dtype) for x in grads(rank, 0)]
         for step in range(steps):
             for h, x in zip(held, grads(rank, step)):
                 h.zero_()  # the result of the last step, as p.grad holds it now
@@ -375,6 +408,40 @@ def torch_exchange(pipelines, steps, overwrite, grads=gradients, poison=None, co
             barrier.wait()
     run_threads([lambda r=r: run(r) for r in range(2)])
     return results, after
+
+
+@pytest.mark.parametrize("name", COMPRESSORS)
+@pytest.mark.parametrize("overwrite", [False, True])
+@pytest.mark.parametrize("shapes", [SHAPES, [(64, 48)]], ids=["bucket", "one-tensor"])
+def test_only_what_nothing_reads_again_is_summed_in_place(name, overwrite, shapes):
+    """Collectives that can sum in place (``allreduce_given_async``: Gloo's, Horovod's) are given
+    a payload only where nothing reads it after it is sent: a buffer the exchange joined itself,
+    or a gradient handed over (``overwrite``) sent as it is or cast, with no state. Results and
+    state are the copying way's, bit for bit, over three steps; a caller that did not hand its
+    gradients over finds them as they were (a lone tensor, sent as it is, would otherwise get
+    the sum); and the element-wise codecs do sum in place."""
+    def build():
+        return [grace.build(name, min_numel=1024) for _ in range(2)]
+
+    def grads(rank, step):
+        return gradients(rank, step, shapes)
+
+    copying, summing, workers = build(), build(), []
+    expected, held_expected = torch_exchange(copying, 3, overwrite, grads=grads)
+    results, held = torch_exchange(summing, 3, overwrite, grads=grads, in_place=workers)
+    for rank in range(2):
+        for step in range(3):
+            for a, b in zip(results[rank][step], expected[rank][step]):
+                np.testing.assert_array_equal(a, b)
+            if not overwrite:
+                for a, b in zip(held[rank][step], held_expected[rank][step]):
+                    np.testing.assert_array_equal(a, b)
+    if state_arrays(copying[0]):  # the stateless ones have none to compare
+        assert_same_state(copying, summing)
+    if name in ("none", "fp16") and (overwrite or len(shapes) > 1):
+        assert all(w.given for w in workers)
+    if name == "none" and not overwrite and len(shapes) == 1:  # the caller's own tensor
+        assert not any(w.given for w in workers)
 
 
 def state_arrays(pipeline) -> dict:
@@ -572,9 +639,31 @@ def test_where_the_collectives_fuse_sums_large_parts_travel_alone(name):
         # sum carries any NaN itself: no flag)
         assert sizes == sorted(2 * [large, 300 * 900, 64 + 32 + 5000])
     if name == "fp16":  # per step: the large one alone (its float16 payload over 1 MiB), the
-        # 300 x 900 one's (540 kB) with the 5,000 and the flag, the biases dense in float32
-        assert sizes == sorted(2 * [large, 300 * 900 + 5000 + 1, 64 + 32])
+        # 300 x 900 one's (540 kB) with the 5,000, the biases dense in float32 (a cast's sum
+        # carries any NaN itself too: no flag)
+        assert sizes == sorted(2 * [large, 300 * 900 + 5000, 64 + 32])
     if name == "topk":  # top-k's dense leftovers are small: they stay joined, as without fusion
         assert [c[:2] for c in fused_workers[0].calls] == [c for c in exchange(
             [grace.build(name) for _ in range(2)], steps=2,
             grads=lambda r, s: gradients(r, s, shapes))[1][0].calls]
+
+
+@pytest.mark.parametrize("name", ["none", "fp16"])
+def test_an_inf_sent_without_a_flag_reaches_every_worker(name):
+    """none and fp16 (no state, summed as they are or cast) send no non-finite flag: one worker's
+    Inf or NaN is in the sum every worker receives, at its place, so a loss scaler skips the step
+    on every worker, with no state to roll back; no control bytes are sent. (A codec with state,
+    top-k here, sends the flag and makes every result NaN: the tests above.)"""
+    def poisoned(rank, step):
+        g = gradients(rank, step)
+        if rank == 1:
+            g[0][3, 5], g[6][7] = np.inf, np.nan  # a compressed matrix, a compressed vector
+        return g
+
+    pipelines = [grace.build(name, min_numel=1024) for _ in range(2)]
+    results, _ = exchange(pipelines, steps=1, grads=poisoned)
+    for rank in range(2):
+        matrix, vector = results[rank][0][0], results[rank][0][6]
+        assert matrix[3, 5] == np.inf and np.isnan(vector[7])
+        assert np.isfinite(np.delete(matrix.reshape(-1), 3 * 48 + 5)).all()
+        assert pipelines[rank].stats()["bytes_control"] == 0

@@ -27,6 +27,13 @@ class HorovodCollectives(ProcessSetCollectives):
             return _SummedBits(handle, tensor.shape)
         return hvd.allreduce_async(tensor, name=name, op=hvd.Sum, process_set=self.process_set)
 
+    def allreduce_given_async(self, tensor, name):
+        """The sum written into ``tensor`` itself (Horovod's in-place op, as its own optimizer
+        reduces gradients): the caller reads it no more."""
+        if tensor.dtype == torch.bfloat16:
+            return self.allreduce_async(tensor, name)
+        return hvd.allreduce_async_(tensor, name=name, op=hvd.Sum, process_set=self.process_set)
+
     # Horovod 0.28.1 has no bfloat16 ops: gathers and broadcasts carry such tensors as their bits.
     def allgather_async(self, tensor, name):
         return _bits_in(tensor, lambda t: hvd.allgather_async(t, name=name, process_set=self.process_set))

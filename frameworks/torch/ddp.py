@@ -200,10 +200,7 @@ class DDPState:
                     tensors.values.reshape(-1, *tensors.dense_shape[1:]), tensors.dense_shape,
                     dtype=buffer.dtype, device=buffer.device).coalesce())
                 continue
-            if len(tensors) == 1:
-                buffer.copy_(tensors[0].reshape(-1))
-            else:  # written into the bucket in one pass, not joined apart and copied in after
-                torch.cat([t.reshape(-1) for t in tensors], out=buffer)
+            _write_into(buffer, tensors)
             future.set_result(buffer)
 
     def _check_agreement(self, names: "list[str]", gradients: "list[torch.Tensor]") -> None:
@@ -234,6 +231,30 @@ class DDPState:
                      "DDP regroups its buckets after the first step, and a bucket's tensors share "
                      "one residual; granularity='layer' (the default) compresses from the first",
                      group)
+
+
+def _write_into(buffer: torch.Tensor, tensors: "list[torch.Tensor]") -> None:
+    """The bucket's results written into its flat buffer, in one pass. A result may already be
+    in its place (a gradient the pipeline summed in place, ``allreduce_given_async``): it is not
+    copied onto itself."""
+    storage = buffer.untyped_storage().data_ptr()
+    if not any(t.untyped_storage().data_ptr() == storage for t in tensors):
+        if len(tensors) == 1:
+            buffer.copy_(tensors[0].reshape(-1))
+        else:  # written into the bucket in one pass, not joined apart and copied in after
+            torch.cat([t.reshape(-1) for t in tensors], out=buffer)
+        return
+    writes, offset = [], 0
+    for tensor in tensors:
+        place = buffer[offset:offset + tensor.numel()]
+        offset += tensor.numel()
+        if tensor.untyped_storage().data_ptr() == storage:
+            if tensor.data_ptr() == place.data_ptr():
+                continue  # in its place already
+            tensor = tensor.clone()  # elsewhere in the bucket: read before anything is written
+        writes.append((place, tensor))
+    for place, tensor in writes:
+        place.copy_(tensor.reshape(-1))
 
 
 class _AsProcessSet:

@@ -12,7 +12,8 @@ buckets in DDP's order). Two of grace's operations take more than one call here:
 - **alltoall**: the splits are exchanged first (waited for), so that each worker knows what it
   receives; then ``all_to_all_single``.
 
-Tensors are never reduced in place: the pipeline may hold on to what it sent.
+Tensors are reduced in place only where the pipeline gives them over
+(``allreduce_given_async``): it may hold on to what it sent.
 """
 
 from __future__ import annotations
@@ -71,8 +72,11 @@ class DistributedCollectives:
         return rank if self.group is None else dist.get_global_rank(self.group, rank)
 
     def allreduce_async(self, tensor: torch.Tensor, name: str) -> _Pending:
-        out = tensor.clone()
-        return _Pending(dist.all_reduce(out, group=self.group, async_op=True), lambda: out)
+        return self.allreduce_given_async(tensor.clone(), name)
+
+    def allreduce_given_async(self, tensor: torch.Tensor, name: str) -> _Pending:
+        """The sum written into ``tensor`` itself: the caller reads it no more."""
+        return _Pending(dist.all_reduce(tensor, group=self.group, async_op=True), lambda: tensor)
 
     def allgather_async(self, tensor: torch.Tensor, name: str) -> _Pending:
         flat = tensor.reshape(-1)

@@ -109,6 +109,18 @@ class TorchOps(Ops):
     def concat(self, xs):
         return torch.cat([x.reshape(-1) for x in xs])
 
+    def adjacent(self, xs):
+        first = xs[0]
+        if first.layout != torch.strided:
+            return None
+        storage, offset, dtype = first.untyped_storage().data_ptr(), first.storage_offset(), first.dtype
+        for x in xs:
+            if (x.layout != torch.strided or x.dtype != dtype or not x.is_contiguous()
+                    or x.untyped_storage().data_ptr() != storage or x.storage_offset() != offset):
+                return None
+            offset += x.numel()
+        return first.as_strided((offset - first.storage_offset(),), (1,))
+
     def split(self, x, sizes):
         sizes = sizes.tolist() if isinstance(sizes, torch.Tensor) else [int(n) for n in sizes]
         return list(torch.split(x, sizes))

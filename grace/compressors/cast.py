@@ -14,6 +14,7 @@ class FP16(Compressor):
     summable = True
     wire_dtype = "float16"
     elementwise = True
+    keeps_nonfinite = True  # Inf and NaN cast to Inf and NaN; an overflow becomes Inf
 
     def compress_flat(self, flat, name, ctx, ops):
         if ctx.dtype in ("float32", "float64"):

@@ -11,6 +11,7 @@ class NoneCompressor(Compressor):
     summable = True
     elementwise = True
     passes_through = True
+    keeps_nonfinite = True
 
     def compress_flat(self, flat, name, ctx, ops):
         return [flat]

@@ -32,11 +32,13 @@ class RandomK(Seeded, Sparse, Compressor):
     encodes_rows = False
     # Measured by the quality benchmark (docs/quality.md, docs/quality/safety.md).
     shortfalls = {
-        "lstm-sgd": "+2.0% (PyTorch, the mean of two seeds: the target's edge; +1.8% on a third) "
-                    "and +8.6% (TensorFlow) perplexity at 4,000 steps, +1.5% and +5.0% at three "
+        "lstm-sgd": "+2.0% (PyTorch) and +8.6% (TensorFlow) perplexity at 4,000 steps "
+                    "(PyTorch's the mean of two seeds, the target's edge; +1.8% on a third), "
+                    "+1.5% and +5.0% at three "
                     "times the steps: each element is sent about every 1/ratio steps, so it learns "
                     "more slowly (ratio=0.1: +3.1% and +7.2%); topk ends within 1.5% there",
-        "words-sgd": "+90% and +124% perplexity (two seeds), rising after its second epoch: its "
+        "words-sgd": "+107% perplexity (the mean of two seeds, +90% and +124%), rising after "
+                     "its second epoch: its "
                      "error feedback sends each element about every 1/ratio steps with all it "
                      "held, bursts this model's plain SGD at lr 0.5 does not take (with "
                      "memory='none' it falls, slowly: +63%); randomk(ratio=0.1) ends 0.6% below "

@@ -15,7 +15,7 @@ import torch
 import grace
 
 SHAPES = [tuple(s) for s in json.loads(sys.argv[3])]
-OPS = ("allreduce_async", "allgather_async", "broadcast_async", "alltoall_async")
+OPS = ("allreduce_async", "allreduce_async_", "allgather_async", "broadcast_async", "alltoall_async")
 
 torch.set_num_threads(1)
 hvd.init()
@@ -28,7 +28,7 @@ def counted(op):
 
     def call(*args, **kwargs):
         if counting:
-            calls.append((op.replace("_async", ""), kwargs.get("name")))
+            calls.append((op.split("_async")[0], kwargs.get("name")))  # in place too
         return original(*args, **kwargs)
     return call
 
