@@ -377,10 +377,6 @@ class Pipeline:
         for entry in whole:
             dtype = ops.dtype(entry.source)
             route = self.plan(tuple(ops.shape(entry.source)), dtype, ops)
-            if route == Route.COMPRESSED and self.compressor.passes_through:
-                # It sends what dense sends: one group, so that a bucket's tensors lying end to
-                # end (DDP's) stay one view instead of two joined copies.
-                route = Route.DENSE
             if dtype in FLOAT_DTYPES and route in (Route.DENSE, Route.COMPRESSED):
                 groups.setdefault((dtype, route), []).append(entry)
             else:

@@ -573,18 +573,23 @@ def test_the_former_bucket_size_is_taken_as_block_size_with_one_warning(monkeypa
     if (n, b) != ("bf16", "numpy")])
 def test_a_codec_that_keeps_nonfinite_values_decodes_each_where_it_was(name, backend):
     """``keeps_nonfinite`` lets the exchange send no non-finite flag for a codec without state
-    (``grace.transaction``): every Inf or NaN must decode to an Inf or NaN in its place, and
-    every finite value to a finite one or to Inf (fp16's overflow, as Horovod's), never to NaN,
-    so that the sum every worker receives holds it. The declaration is held to that here."""
-    x = gaussian((64,))
-    x[[3, 17, 40]] = [np.inf, -np.inf, np.nan]
-    x[50] = 1e30  # beyond float16's range
+    (``grace.transaction``): the sum of two workers' payloads, one poisoned, must decode to an Inf
+    or NaN where the poisoned one held it, and every finite value of both to a finite one or to
+    Inf (fp16's overflow, as Horovod's), never to NaN, so that the sum every worker receives
+    holds it. The declaration is held to that here."""
+    clean, poisoned = gaussian((64,), 1), gaussian((64,))
+    poisoned[[3, 17, 40]] = [np.inf, -np.inf, np.nan]
+    poisoned[50] = 1e30  # beyond float16's range
     compressor = grace.build(name).compressor
-    payload, ctx = compressor.compress(BACKENDS[backend](x), "x")
-    decoded = as_numpy(compressor.decompress(payload, ctx))
-    assert not np.isfinite(decoded[[3, 17, 40]]).any()
-    assert np.isnan(decoded[40]) and decoded[3] == np.inf and decoded[17] == -np.inf
-    finite = np.isfinite(x)
-    assert not np.isnan(decoded[finite]).any()
+    ops = grace.ops_for(BACKENDS[backend](clean))
+    (a, ctx), (b, _) = (compressor.compress(BACKENDS[backend](x), "x") for x in (clean, poisoned))
+    decoded = as_numpy(compressor.decompress([ops.add(p, q) for p, q in zip(a, b)], ctx))
+    assert decoded[3] == np.inf and decoded[17] == -np.inf and np.isnan(decoded[40])
+    assert not np.isnan(np.delete(decoded, [3, 17, 40])).any()
+
+
+def test_the_codecs_that_keep_nonfinite_values():
+    """Which codecs declare ``keeps_nonfinite`` (the test above holds each to it): a change to the
+    list is a change to which compressors send the non-finite flag."""
     assert sorted(n for n in NAMES if grace.build(n).compressor.keeps_nonfinite) == \
         ["bf16", "fp16", "none"]

@@ -341,11 +341,18 @@ def test_a_buckets_gradients_are_joined_as_a_view_and_written_back_in_one_pass()
     assert ops.adjacent([buffer[0:4], buffer.view(torch.int32)[4:7]]) is None
     assert ops.adjacent([buffer[0:8:2], buffer[8:10]]) is None
     assert ops.adjacent([buffer[0:4], torch.zeros(3)]) is None
+    assert ops.adjacent([buffer[0:4].view(2, 2).t(), buffer[4:10]]) is None  # not contiguous
+    later = ops.adjacent([b, c])  # from an offset in the buffer
+    assert later.data_ptr() == b.data_ptr() and tuple(later.shape) == (6,)
+    assert later.tolist() == buffer[4:10].tolist()
 
     buffer = torch.arange(10.0)
     results = [buffer[6:10].view(2, 2), buffer[4:6], torch.tensor([7.0, 8.0, 9.0, 10.0])]
     _write_into(buffer, results)
     assert buffer.tolist() == [6.0, 7.0, 8.0, 9.0, 4.0, 5.0, 7.0, 8.0, 9.0, 10.0]
+    buffer = torch.arange(4.0)
+    _write_into(buffer, [buffer.view(2, 2).t()])  # at its place, but transposed: written
+    assert buffer.tolist() == [0.0, 2.0, 1.0, 3.0]
     buffer = torch.arange(6.0)
     _write_into(buffer, [torch.full((3,), -1.0), buffer[0:3]])  # read before 0:3 is written
     assert buffer.tolist() == [-1.0, -1.0, -1.0, 0.0, 1.0, 2.0]

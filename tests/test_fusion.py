@@ -168,11 +168,14 @@ def horovod_counts(tmp_path_factory):
 def test_one_collective_per_bucket_and_round_under_real_horovod(horovod_counts, name):
     """The same count at Horovod's own ops, two real workers, grace's PyTorch wrapper over the same
     shapes (tests/workers/torch_fusion.py): exactly that many each step, and on the first step one
-    more, the agreement on which gradients are sparse."""
+    more, the agreement on which gradients are sparse. The sums of none and fp16 (buffers the
+    exchange joined, or cast) run in Horovod's in-place op (``allreduce_``)."""
     first, second = horovod_counts[name]
     assert len(second) == collectives_per_step(name), second
     assert len(first) == collectives_per_step(name) + 1, first
     assert [c for c in first if c not in second] == [["allreduce", "grace.sparse_gradients"]]
+    if name in ("none", "fp16"):
+        assert {kind for kind, _ in second} == {"allreduce_"}, second
 
 
 def test_every_buckets_second_round_is_sent_before_any_is_awaited():
@@ -285,6 +288,7 @@ def test_summed_buffers_one_per_dtype_flag_inside():
              ((2, 0), np.full(2, 2.0, np.float32))]
     buffers, layout = pack_sums(parts, np.array([1.0], np.float32), OPS)
     assert len(buffers) == 2 and buffers[0].size == 4 + 2 + 1  # the flag ends the float32 one
+    assert layout.made == [True, False]  # joined here (free to sum in place), a part as it was
     got, flag = unpack_sums(buffers, layout, OPS)
     np.testing.assert_array_equal(got[(2, 0)], [2.0, 2.0])
     assert got[(1, 0)].dtype == np.float16 and float(flag[0]) == 1.0
@@ -342,10 +346,15 @@ class SummingInPlace:
 
     def allreduce_given_async(self, tensor, name):
         self.given.append(name)
-        return _InPlace(tensor, self.worker.allreduce_async(tensor, name))
+        handle = _InPlace(tensor, self.worker.allreduce_async(tensor.clone(), name))
+        # Given over, the tensor is the collective's until the wait: anything that read it
+        # meanwhile would read NaN, and anything written into it is found below.
+        tensor.fill_(float("nan"))
+        return handle
 
     def synchronize(self, handle):
         if isinstance(handle, _InPlace):
+            assert handle.tensor.isnan().all(), "a tensor given over was written before the wait"
             handle.tensor.copy_(self.worker.synchronize(handle.inner))
             return handle.tensor
         return self.worker.synchronize(handle)
@@ -357,7 +366,7 @@ class _InPlace:
 
 
 def torch_exchange(pipelines, steps, overwrite, grads=gradients, poison=None, copying=False,
-                   in_place=None):
+                   in_place=None, flat=False):
     """``exchange`` with torch tensors through ``TorchOps``, handed over as the PyTorch wrapper
     hands its gradients: each worker keeps one gradient tensor per name across steps (a
     ``p.grad``: zeroed, then the step's gradient added, as ``zero_grad(set_to_none=False)`` and
@@ -366,7 +375,8 @@ def torch_exchange(pipelines, steps, overwrite, grads=gradients, poison=None, co
     caller held them just before ``set_`` (numpy). ``poison``: (rank, step) whose first gradient
     gets a NaN. ``copying``: an adapter that never writes into a tensor (``writable`` False): the
     way error feedback went before it could write into the gradient. ``in_place``: a list that
-    gets each worker's ``SummingInPlace`` collectives."""
+    gets each worker's ``SummingInPlace`` collectives. ``flat``: the gradients are views of one
+    flat buffer, as a DDP bucket's are, and each step's results are copied into them."""
     import torch
 
     from frameworks.torch.ops import TorchOps
@@ -387,14 +397,20 @@ def torch_exchange(pipelines, steps, overwrite, grads=gradients, poison=None, co
         if in_place is not None:
             worker = SummingInPlace(worker)
             in_place.append(worker)
-        held = [torch.zeros(x.shape, dtype=torch.from_numpy(x).dtype) for x in grads(rank, 0)]
+        first = grads(rank, 0)
+        if flat:
+            buffer = torch.zeros(sum(x.size for x in first), dtype=torch.from_numpy(first[0]).dtype)
+            held = [piece.view(x.shape) for piece, x in
+                    zip(buffer.split([x.size for x in first]), first)]
+        else:
+            held = [torch.zeros(x.shape, dtype=torch.from_numpy(x).dtype) for x in first]
         for step in range(steps):
             for h, x in zip(held, grads(rank, step)):
                 h.zero_()  # the result of the last step, as p.grad holds it now
                 h.add_(torch.from_numpy(x))
             if poison == (rank, step):
                 held[0][3, 5] = float("nan")
-            buckets = pipeline.buckets([(tuple(x.shape), "float32") for x in held], ops)
+            buckets = pipeline.buckets([(tuple(x.shape), ops.dtype(x)) for x in held], ops)
             started = [pipeline.start_bucket([held[i].detach() for i in b], [names[i] for i in b],
                                              worker, ops, overwrite=overwrite) for b in buckets]
             out = [None] * len(held)
@@ -403,8 +419,12 @@ def torch_exchange(pipelines, steps, overwrite, grads=gradients, poison=None, co
                     out[i] = r
             after[rank].append([h.numpy().copy() for h in held])
             results[rank].append([r.numpy().copy() for r in out])
-            for h, r in zip(held, out):
-                h.set_(r)
+            if flat:  # into the caller's buffer, as DDP's bucket takes its results
+                for h, r in zip(held, [r.clone() for r in out]):
+                    h.copy_(r)
+            else:
+                for h, r in zip(held, out):
+                    h.set_(r)
             barrier.wait()
     run_threads([lambda r=r: run(r) for r in range(2)])
     return results, after
@@ -412,23 +432,30 @@ def torch_exchange(pipelines, steps, overwrite, grads=gradients, poison=None, co
 
 @pytest.mark.parametrize("name", COMPRESSORS)
 @pytest.mark.parametrize("overwrite", [False, True])
-@pytest.mark.parametrize("shapes", [SHAPES, [(64, 48)]], ids=["bucket", "one-tensor"])
-def test_only_what_nothing_reads_again_is_summed_in_place(name, overwrite, shapes):
+@pytest.mark.parametrize("shapes, flat, dtype", [(SHAPES, False, np.float32),
+                                                 (SHAPES, True, np.float32),
+                                                 ([(64, 48)], False, np.float32),
+                                                 ([(64, 48)], False, np.float16)],
+                         ids=["bucket", "flat-bucket", "one-tensor", "one-float16"])
+def test_only_what_nothing_reads_again_is_summed_in_place(name, overwrite, shapes, flat, dtype):
     """Collectives that can sum in place (``allreduce_given_async``: Gloo's, Horovod's) are given
     a payload only where nothing reads it after it is sent: a buffer the exchange joined itself,
-    or a gradient handed over (``overwrite``) sent as it is or cast, with no state. Results and
-    state are the copying way's, bit for bit, over three steps; a caller that did not hand its
-    gradients over finds them as they were (a lone tensor, sent as it is, would otherwise get
-    the sum); and the element-wise codecs do sum in place."""
+    or a gradient handed over (``overwrite``) sent as it is or cast, with no state; a DDP-like
+    bucket's gradients (views of one buffer: ``flat``) are joined as a view of it. Results and
+    state are the copying way's, bit for bit, over three steps, with the given tensors NaN until
+    the wait (``SummingInPlace``); a caller that did not hand its gradients over finds them as
+    they were (a lone tensor sent as it is, a float16 one fp16 passes through, or the view of a
+    flat bucket would otherwise get the sum); and the element-wise codecs do sum in place."""
     def build():
         return [grace.build(name, min_numel=1024) for _ in range(2)]
 
     def grads(rank, step):
-        return gradients(rank, step, shapes)
+        return [g.astype(dtype) for g in gradients(rank, step, shapes)]
 
     copying, summing, workers = build(), build(), []
-    expected, held_expected = torch_exchange(copying, 3, overwrite, grads=grads)
-    results, held = torch_exchange(summing, 3, overwrite, grads=grads, in_place=workers)
+    expected, held_expected = torch_exchange(copying, 3, overwrite, grads=grads, flat=flat)
+    results, held = torch_exchange(summing, 3, overwrite, grads=grads, in_place=workers, flat=flat)
+    assert len(workers) == 2
     for rank in range(2):
         for step in range(3):
             for a, b in zip(results[rank][step], expected[rank][step]):
@@ -438,9 +465,12 @@ def test_only_what_nothing_reads_again_is_summed_in_place(name, overwrite, shape
                     np.testing.assert_array_equal(a, b)
     if state_arrays(copying[0]):  # the stateless ones have none to compare
         assert_same_state(copying, summing)
-    if name in ("none", "fp16") and (overwrite or len(shapes) > 1):
+    # What is sent is the caller's own tensor, or may be: a lone one not handed over (sent as it
+    # is by none, cast or passed through by fp16), or none's joined view of a flat bucket.
+    own = name in ("none", "fp16") and (len(shapes) == 1 or (flat and name == "none"))
+    if name in ("none", "fp16") and (overwrite or not own):
         assert all(w.given for w in workers)
-    if name == "none" and not overwrite and len(shapes) == 1:  # the caller's own tensor
+    if own and not overwrite:
         assert not any(w.given for w in workers)
 
 
@@ -455,6 +485,8 @@ def state_arrays(pipeline) -> dict:
                     for name, value in by_name.items():
                         if isinstance(value, torch.Tensor):
                             flat[f"{part}.{key}.{name}"] = value.numpy().copy()
+                        elif isinstance(value, np.ndarray):  # the numpy backend's
+                            flat[f"{part}.{key}.{name}"] = value.copy()
     return flat
 
 
@@ -648,22 +680,61 @@ def test_where_the_collectives_fuse_sums_large_parts_travel_alone(name):
             grads=lambda r, s: gradients(r, s, shapes))[1][0].calls]
 
 
-@pytest.mark.parametrize("name", ["none", "fp16"])
-def test_an_inf_sent_without_a_flag_reaches_every_worker(name):
+@pytest.mark.parametrize("name, memory", [("none", None), ("fp16", None), ("fp16", "residual")])
+def test_an_inf_sent_without_a_flag_reaches_every_worker(name, memory):
     """none and fp16 (no state, summed as they are or cast) send no non-finite flag: one worker's
     Inf or NaN is in the sum every worker receives, at its place, so a loss scaler skips the step
-    on every worker, with no state to roll back; no control bytes are sent. (A codec with state,
-    top-k here, sends the flag and makes every result NaN: the tests above.)"""
+    on every worker, with no state to roll back; no control bytes are sent. fp16 with a residual
+    has state: it sends the flag, every result is NaN and the residuals stay as they were."""
     def poisoned(rank, step):
         g = gradients(rank, step)
-        if rank == 1:
+        if rank == 1 and step == 1:
             g[0][3, 5], g[6][7] = np.inf, np.nan  # a compressed matrix, a compressed vector
         return g
 
-    pipelines = [grace.build(name, min_numel=1024) for _ in range(2)]
-    results, _ = exchange(pipelines, steps=1, grads=poisoned)
+    def build():
+        return [grace.build(name, min_numel=1024, **({"memory": memory} if memory else {}))
+                for _ in range(2)]
+
+    pipelines, before = build(), build()
+    results, _ = exchange(pipelines, steps=2, grads=poisoned)
+    exchange(before, steps=1, grads=poisoned)
     for rank in range(2):
-        matrix, vector = results[rank][0][0], results[rank][0][6]
-        assert matrix[3, 5] == np.inf and np.isnan(vector[7])
-        assert np.isfinite(np.delete(matrix.reshape(-1), 3 * 48 + 5)).all()
-        assert pipelines[rank].stats()["bytes_control"] == 0
+        matrix, vector = results[rank][1][0], results[rank][1][6]
+        control = pipelines[rank].stats()["bytes_control"]
+        if memory is None:
+            assert matrix[3, 5] == np.inf and np.isnan(vector[7])
+            assert np.isfinite(np.delete(matrix.reshape(-1), 3 * 48 + 5)).all()
+            assert control == 0
+        else:
+            assert all(np.isnan(r).all() for r in results[rank][1])
+            assert control > 0
+    if memory is not None:
+        assert_same_state(before, pipelines)
+
+
+def test_a_gradient_autograd_tracks_is_not_summed_in_place():
+    """A gradient handed over that autograd tracks (``create_graph=True``) is never written into
+    (``Ops.writable``): sent alone as it is, it is not given to be summed in place, and stays as
+    it was; the result is the workers' mean all the same."""
+    import torch
+
+    from frameworks.torch.ops import TorchOps
+
+    ops, group, workers = TorchOps(), InProcessGroup(2), []
+    pipelines = [grace.none() for _ in range(2)]
+    grads = [torch.randn(64, 48, generator=torch.Generator().manual_seed(r)).requires_grad_()
+             for r in range(2)]
+    kept = [g.detach().clone() for g in grads]
+    out = [None, None]
+
+    def run(rank):
+        worker = SummingInPlace(group.worker(rank))
+        workers.append(worker)
+        started = pipelines[rank].start_bucket([grads[rank]], ["t0"], worker, ops, overwrite=True)
+        out[rank] = pipelines[rank].finish_step([started], worker, 0.5)[0][0]
+    run_threads([lambda r=r: run(r) for r in range(2)])
+    assert len(workers) == 2 and not any(w.given for w in workers)
+    for rank in range(2):
+        assert torch.equal(grads[rank].detach(), kept[rank])
+        assert torch.equal(out[rank].detach(), (kept[0] + kept[1]) * 0.5)

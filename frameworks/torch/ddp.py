@@ -249,7 +249,7 @@ def _write_into(buffer: torch.Tensor, tensors: "list[torch.Tensor]") -> None:
         place = buffer[offset:offset + tensor.numel()]
         offset += tensor.numel()
         if tensor.untyped_storage().data_ptr() == storage:
-            if tensor.data_ptr() == place.data_ptr():
+            if tensor.data_ptr() == place.data_ptr() and tensor.is_contiguous():
                 continue  # in its place already
             tensor = tensor.clone()  # elsewhere in the bucket: read before anything is written
         writes.append((place, tensor))

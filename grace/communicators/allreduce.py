@@ -33,7 +33,7 @@ class Allreduce(Communicator):
         parts = [((i, j), t) for i, payload in enumerate(payloads) for j, t in enumerate(payload)]
         buffers, layout = pack_sums(parts, flag, ops, ALONE_FROM if sums_fused(group) else None)
         given = getattr(group, "allreduce_given_async", None)
-        handles = [(given if given is not None and _given_over(layout, k, entries) else
+        handles = [(given if given is not None and _given_over(layout, k, b, entries, ops) else
                     group.allreduce_async)(b, f"{tag}.sum{k}") for k, b in enumerate(buffers)]
         control = ops.itemsize(layout.flag_dtype) if flag is not None else 0  # 2 bytes in float16
         return Started((handles, layout, [len(p) for p in payloads]), flag is not None,
@@ -46,15 +46,17 @@ class Allreduce(Communicator):
         return [[[parts[(i, j)] for j in range(n)]] for i, n in enumerate(counts)], flag
 
 
-def _given_over(layout, k: int, entries) -> bool:
-    """Whether buffer ``k`` may be summed in place: joined by ``pack_sums``, or the lone payload
-    of an entry whose source the caller gave over (``Entry.owned``), encoded by an element-wise
-    codec without state (its payload is that source, or a cast of it), so that nothing reads it
-    after it is sent."""
+def _given_over(layout, k: int, buffer, entries, ops) -> bool:
+    """Whether ``buffer`` (the ``k``-th) may be summed in place: joined by ``pack_sums``, or the
+    lone payload of an entry whose source the caller gave over (``Entry.owned``), encoded by an
+    element-wise codec without state (its payload is that source, or a cast of it), so that
+    nothing reads it after it is sent, and a tensor that may be written at all (``Ops.writable``:
+    not one autograd tracks)."""
     if layout.made[k]:
         return True
     members = layout.buffers[k][1]
     if len(members) != 1 or members[0][0][0] >= len(entries):
         return False
     entry = entries[members[0][0][0]]
-    return entry.owned and entry.memory.stateless and entry.compressor.elementwise
+    return (entry.owned and entry.memory.stateless and entry.compressor.elementwise
+            and ops.writable(buffer))

@@ -28,7 +28,7 @@ def counted(op):
 
     def call(*args, **kwargs):
         if counting:
-            calls.append((op.split("_async")[0], kwargs.get("name")))  # in place too
+            calls.append((op.replace("_async", ""), kwargs.get("name")))  # allreduce_: in place
         return original(*args, **kwargs)
     return call
 
