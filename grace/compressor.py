@@ -238,8 +238,6 @@ class Compressor(ABC):
       its defaults is measured short of its target (docs/quality/safety.md), each with what was
       measured, why where known, and the setting that works there; the wrapper says them in one
       line on rank 0 as it is built (``shortfall_notice``).
-    - ``passes_through``: its payload is the tensor itself (``none``): it sends what a tensor left
-      dense sends.
     - ``keeps_nonfinite``: every Inf or NaN of the tensor decodes to an Inf or NaN in its place,
       and a finite value to a finite one or to Inf (``none``; a cast, where a value beyond the
       wire's range overflows), so a sum of payloads carries any Inf or NaN to every worker.
@@ -262,7 +260,6 @@ class Compressor(ABC):
     owners_caution: ClassVar[str | None] = None
     shortfalls: ClassVar[dict[str, str]] = {}
     sends_exactly: ClassVar[bool] = False
-    passes_through: ClassVar[bool] = False
     keeps_nonfinite: ClassVar[bool] = False
     can_take_second_moment: ClassVar[bool] = False
     state_store: StateStore = DEFAULT

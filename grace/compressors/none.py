@@ -10,7 +10,6 @@ class NoneCompressor(Compressor):
     name = "none"
     summable = True
     elementwise = True
-    passes_through = True
     keeps_nonfinite = True
 
     def compress_flat(self, flat, name, ctx, ops):
