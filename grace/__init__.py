@@ -16,12 +16,11 @@ from __future__ import annotations
 from grace import adapters
 from grace.collectives import Collectives
 from grace.communicator import Communicator
-from grace.compressor import Compressor, Context
+from grace.compressor import DEFAULT_MIN_NUMEL, Compressor, Context
 from grace.memory import Memory
 from grace.ops import Ops, ops_for
 from grace.pipeline import Pipeline
 from grace.registry import (
-    DEFAULT_MIN_NUMEL,
     available,
     build,
     compressor_params,

@@ -210,6 +210,8 @@ class Compressor(ABC):
       gathered payload without being told the lengths.
     - ``default_memory`` / ``default_communicator``: what the paper uses, by registry name.
     - ``default_warmup_steps``: dense exchanges before compression starts, where measured to help.
+    - ``default_min_numel``: tensors with fewer elements travel dense (``DEFAULT_MIN_NUMEL``); 0
+      for fp16, whose cast costs nothing per tensor joined with its bucket and halves even a bias.
     - ``agrees_on_form``: the encoded size depends on the data and may exceed the dense tensor's;
       the workers then agree each step whether all send it encoded or all dense (``not_smaller``).
     - ``rounds``: 2 for a compressor whose payload takes two trips (PowerSGD: P, then Q); it then
@@ -241,6 +243,9 @@ class Compressor(ABC):
     - ``keeps_nonfinite``: every Inf or NaN of the tensor decodes to an Inf or NaN in its place,
       and a finite value to a finite one or to Inf (``none``; a cast, where a value beyond the
       wire's range overflows), so a sum of payloads carries any Inf or NaN to every worker.
+    - ``decodes_by_cast``: its payload is one tensor whose decoding is a cast to the tensor's
+      dtype (``none``, a cast), so the workers' summed payload decodes straight into a tensor the
+      caller gives over (``aggregate_into``).
     - ``can_take_second_moment``: its payload can carry Adam's second moment beside the values
       (random-k, ``grace.second_moment``).
     """
@@ -251,6 +256,7 @@ class Compressor(ABC):
     default_memory: ClassVar[str] = "none"
     default_communicator: ClassVar[str] = "allreduce"
     default_warmup_steps: ClassVar[int] = 0
+    default_min_numel: ClassVar[int] = DEFAULT_MIN_NUMEL
     agrees_on_form: ClassVar[bool] = False
     rounds: ClassVar[int] = 1
     encodes_rows: ClassVar[bool] = True
@@ -262,6 +268,7 @@ class Compressor(ABC):
     sends_exactly: ClassVar[bool] = False
     keeps_nonfinite: ClassVar[bool] = False
     can_take_second_moment: ClassVar[bool] = False
+    decodes_by_cast: ClassVar[bool] = False
     state_store: StateStore = DEFAULT
     """Where state kept across steps is read and written (``grace.state``): the pipeline's own."""
 
@@ -328,6 +335,16 @@ class Compressor(ABC):
         algorithm may do it in one pass over the tensor)."""
         total = self.aggregate([self.decompress(p, ctx, ops) for p in payloads], ops)
         return ops.scale(total, scale) if scale != 1.0 else total
+
+    def aggregate_into(self, payloads: Sequence[Payload], ctx: Context, ops: Ops, scale: float,
+                       out: Tensor | None) -> Tensor:
+        """``aggregate_payloads``, written into ``out`` (the tensor's own memory, which the
+        caller reads no more) where the payload is one summed tensor that decodes by a cast
+        (``decodes_by_cast``): one pass into it instead of a new tensor per decoding and scaling
+        (``Ops.scale_into``). The same bits either way."""
+        if out is not None and self.decodes_by_cast and len(payloads) == 1 and len(payloads[0]) == 1:
+            return ops.scale_into(payloads[0][0], scale, out)
+        return self.aggregate_payloads(payloads, ctx, ops, scale)
 
     def payload_nbytes(self, shape: tuple[int, ...], itemsize: int) -> int | None:
         """The payload's size in bytes for a tensor of this shape, when known in advance, or an upper

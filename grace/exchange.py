@@ -41,6 +41,7 @@ class Entry:
     deferred: Callable | None = None  # traced: f(discard, scale) -> the result, run after the verdict
     result: Tensor | None = None
     owned: bool = False  # its source is read no more: error feedback may add into it
+    lent: bool = False  # owned for this step only: its memory is the caller's again after it
     flag: Tensor | None = None  # its non-finite flag, taken before error feedback wrote its source
     route: Route | None = None  # how it travels, where its tensors' plan decided it (joined alike)
     settle: Callable[[Tensor, Ops], None] | None = None

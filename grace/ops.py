@@ -178,6 +178,13 @@ class Ops(ABC):
         """``x * factor`` in ``x``'s dtype; 16-bit tensors are multiplied in float32 and rounded
         once (as torch does), so every adapter gives the same bits."""
 
+    def scale_into(self, x: Tensor, factor: float, out: Tensor) -> Tensor:
+        """``x`` cast to ``out``'s dtype, in ``out``'s shape, times ``factor`` (``scale``): written
+        into ``out`` where the adapter can (``out`` is read no more), else a new tensor. The same
+        bits either way."""
+        result = self.reshape(self.cast(x, self.dtype(out)), self.shape(out))
+        return self.scale(result, factor) if factor != 1.0 else result
+
     @abstractmethod
     def abs(self, x: Tensor) -> Tensor: ...
 

@@ -306,26 +306,32 @@ class Pipeline:
         return Exchange(tag, [entry], 1, ops, [entry], sent, single=True)
 
     def start_bucket(self, tensors: Sequence[Tensor], names: Sequence[str], group: Collectives,
-                     ops: Ops | None = None, overwrite: bool = False) -> Exchange:
+                     ops: Ops | None = None, overwrite: bool = False, lent: bool = False
+                     ) -> Exchange:
         """Compress a bucket of tensors and start its exchange: one collective per kind of payload
         (summed: one per dtype; gathered: one) for all of them, the non-finite flag inside. At
         ``granularity="bucket"`` the bucket's float tensors of one dtype are compressed as one
         vector. Every worker starts the same buckets, in the same order. ``overwrite``: the caller
         reads the tensors no more (gradients the exchange's results replace, as Horovod's
         allreduce writes over them), so error feedback adds its residual into them instead of
-        into a full-size tensor of its own each step; the values computed are the same. (With
-        ``hierarchical=True`` the host's sums are compressed, tensors of the pipeline's own.)"""
+        into a full-size tensor of its own each step; the values computed are the same. ``lent``
+        (with ``overwrite``): the tensors' memory is the caller's again once the step is over (DDP
+        fills its bucket anew each step), so it is written into within the step (sums in place)
+        but never kept as compression state: error feedback keeps its residual in a tensor of its
+        own. (With ``hierarchical=True`` the host's sums are compressed, tensors of the pipeline's
+        own.)"""
         ops = ops or ops_for(tensors[0])
         if self.hierarchical:  # dense within the host, compressed between hosts (grace.hierarchy)
             return hierarchy.start(tensors, names, group, ops, self._start_flat,
                                    lambda n: self.state_store.counter(ops, self._counters,
                                                                       "bytes_local", n))
-        return self._start_flat(tensors, names, group, ops, overwrite)
+        return self._start_flat(tensors, names, group, ops, overwrite, lent)
 
     def _start_flat(self, tensors: Sequence[Tensor], names: Sequence[str], group: Collectives,
-                    ops: Ops, overwrite: bool = False) -> Exchange:
+                    ops: Ops, overwrite: bool = False, lent: bool = False) -> Exchange:
         tag = bucket_tag(names)
-        entries = self._entries(list(tensors), list(names), ops, overwrite, joins=not sums_fused(group))
+        entries = self._entries(list(tensors), list(names), ops, overwrite,
+                                joins=not sums_fused(group), lent=lent)
         for entry in entries:
             self._prepare(entry, group, ops)
         self._vote(entries, tag, group, ops)
@@ -334,12 +340,12 @@ class Pipeline:
         return Exchange(tag, entries, len(tensors), ops, live, sent)
 
     def _entries(self, tensors: list, names: list, ops: Ops, overwrite: bool = False,
-                 joins: bool = True) -> list[Entry]:
+                 joins: bool = True, lent: bool = False) -> list[Entry]:
         """The units a bucket compresses: each tensor (``granularity="layer"``), or its float
         tensors of one dtype joined into one vector named after the bucket (``"bucket"``, a
         vector of the pipeline's own, which error feedback may write into). ``joins=False``
         (collectives that fuse sums themselves) leaves an element-wise codec's tensors apart."""
-        whole = [Entry(name, [i], [ops.shape(t)], t, owned=overwrite)
+        whole = [Entry(name, [i], [ops.shape(t)], t, owned=overwrite, lent=overwrite and lent)
                  for i, (t, name) in enumerate(zip(tensors, names))]
         if len(tensors) > 1 and joins and self._joins_alike():
             return self._joined_alike(whole, ops)
@@ -392,6 +398,7 @@ class Pipeline:
             kept.append(Entry(f"joined.{members[0].name}.{route.value}",
                               [e.positions[0] for e in members], [e.shapes[0] for e in members],
                               flat, owned=view is None or all(e.owned for e in members),
+                              lent=view is not None and any(e.lent for e in members),
                               route=route))
         return kept
 
@@ -435,7 +442,9 @@ class Pipeline:
         with self.state_store.within(entry.transaction):
             if count:
                 self.state_store.counter(ops, self._exchanges, entry.name)
-            if entry.owned and takes_overwrite(entry.memory):
+            # A lent tensor is not one to keep: a residual computed in it would be the caller's
+            # again after the step (DDP writes the result, then the next gradient, into it).
+            if entry.owned and not entry.lent and takes_overwrite(entry.memory):
                 entry.compensated = entry.memory.compensate(source, entry.name, ops, overwrite=True)
             else:  # as a Memory written before ``overwrite`` was is called: three arguments
                 entry.compensated = entry.memory.compensate(source, entry.name, ops)

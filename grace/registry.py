@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping
 from grace.bucketing import DEFAULT_BUCKET_BYTES
 from grace.communicator import Communicator
 from grace.communicators import Allgather, Allreduce, Alltoall, Auto, Broadcast
-from grace.compressor import DEFAULT_MIN_NUMEL, Compressor
+from grace.compressor import Compressor
 from grace.compressors import CATALOGUE
 from grace.memories import MEMORIES as MEMORY_CLASSES
 from grace.memory import Memory
@@ -54,13 +54,15 @@ def memory_params(name: str) -> dict[str, Any]:
 
 
 def build(compressor: str, *, memory: str | None = None, communicator: str | None = None,
-          min_numel: int = DEFAULT_MIN_NUMEL, check_finite: bool = True, warmup_steps: int | None = None,
+          min_numel: int | None = None, check_finite: bool = True, warmup_steps: int | None = None,
           granularity: str = "layer", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
           hierarchical: bool = False, keep_optimizer: bool = False, **params: Any) -> Pipeline:
     """A pipeline for the named compressor with its paper's defaults, ``memory`` and
     ``communicator`` overridden by name when given, and the compressor's own ``params``.
     ``check_finite=False`` saves the 4-byte flag per tensor at the price of Inf/NaN gradients
-    entering residuals and momenta (see ``Pipeline``). ``warmup_steps``: exchanges sent dense before
+    entering residuals and momenta (see ``Pipeline``). ``min_numel``: tensors with fewer elements
+    travel dense (the compressor's ``default_min_numel`` when not given: ``DEFAULT_MIN_NUMEL``, 0
+    for fp16). ``warmup_steps``: exchanges sent dense before
     compression starts (the compressor's ``default_warmup_steps`` when not given). ``granularity``:
     ``"layer"`` compresses each tensor on its own, ``"bucket"`` a bucket's tensors as one vector;
     ``bucket_bytes``: the dense bytes of gradients that travel together (0: every tensor alone);
@@ -79,7 +81,8 @@ def build(compressor: str, *, memory: str | None = None, communicator: str | Non
         accepted = ", ".join(list(own) + list(of_memory) + list(_PIPELINE_KEYS[1:]))
         raise ValueError(f"unknown parameter {unknown[0]!r} for compressor {name!r} with memory "
                          f"{memory!r}; accepted: {accepted}")
-    min_numel = check_int("min_numel", min_numel, minimum=0)
+    min_numel = check_int("min_numel", cls.default_min_numel if min_numel is None else min_numel,
+                          minimum=0)
     check_finite = check_bool("check_finite", check_finite)
     warmup_steps = check_int("warmup_steps", cls.default_warmup_steps if warmup_steps is None
                              else warmup_steps, minimum=0)

@@ -137,5 +137,14 @@ class Rounds:
         totals = []
         for entry, payload in zip(entries, payloads):
             with self.state_store.within(entry.transaction):
-                totals.append(entry.compressor.aggregate_payloads(payload, entry.ctx, ops, scale))
+                totals.append(entry.compressor.aggregate_into(payload, entry.ctx, ops, scale,
+                                                              result_place(entry)))
         return totals, flag
+
+
+def result_place(entry: Entry) -> Tensor | None:
+    """Where ``entry``'s result may be written: its source, where the caller gave it over
+    (``Entry.owned``) and nothing kept reads it (a memory without state), else ``None``. A DDP
+    bucket's gradients then get their results in place, and Horovod's in the gradients' own
+    memory, with no new tensor per step."""
+    return entry.source if entry.owned and entry.memory.stateless else None

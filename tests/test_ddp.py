@@ -102,7 +102,9 @@ def test_residuals_stay_with_their_parameters_when_ddp_rebuilds_its_buckets(ddp_
     it registers them: with small buckets DDP regroups them after the first iteration. Top-k and
     DGC compress each tensor on its own, so small buckets (regrouped), one large bucket, and DDP's
     first buckets never rebuilt (``find_unused_parameters=True``) end bit for bit alike only if
-    every residual follows its parameter; ``gradient_as_bucket_view`` and ``static_graph`` too."""
+    every residual follows its parameter; ``gradient_as_bucket_view`` and ``static_graph`` too.
+    Buckets of one weight each (biases frozen): DDP's buffer is then all of the gradient's memory,
+    which DDP fills anew each step, so a residual kept in it would be lost."""
     out, _ = ddp_run
     small, small_info = load(out, "tower_small")
     layouts = small_info[0]["layouts"]
@@ -114,6 +116,12 @@ def test_residuals_stay_with_their_parameters_when_ddp_rebuilds_its_buckets(ddp_
         runs, _ = load(out, other)
         for r in range(2):
             assert_same(small[r], runs[r])
+    tiny, tiny_info = load(out, "tower_frozen_tiny")
+    assert all(len(bucket) == 1 for bucket in tiny_info[0]["layouts"][-1])
+    frozen_large, _ = load(out, "tower_frozen_large")
+    for r in range(2):
+        assert_same(tiny[r], frozen_large[r])
+        assert not np.array_equal(tiny[r]["layers.1.weight"], small[r]["layers.1.weight"])
     dgc_small, _ = load(out, "tower_dgc_small")
     dgc_large, _ = load(out, "tower_dgc_large")
     for r in range(2):

@@ -366,7 +366,7 @@ class _InPlace:
 
 
 def torch_exchange(pipelines, steps, overwrite, grads=gradients, poison=None, copying=False,
-                   in_place=None, flat=False):
+                   in_place=None, flat=False, lent=None, placed=None):
     """``exchange`` with torch tensors through ``TorchOps``, handed over as the PyTorch wrapper
     hands its gradients: each worker keeps one gradient tensor per name across steps (a
     ``p.grad``: zeroed, then the step's gradient added, as ``zero_grad(set_to_none=False)`` and
@@ -376,7 +376,10 @@ def torch_exchange(pipelines, steps, overwrite, grads=gradients, poison=None, co
     gets a NaN. ``copying``: an adapter that never writes into a tensor (``writable`` False): the
     way error feedback went before it could write into the gradient. ``in_place``: a list that
     gets each worker's ``SummingInPlace`` collectives. ``flat``: the gradients are views of one
-    flat buffer, as a DDP bucket's are, and each step's results are copied into them."""
+    flat buffer, as a DDP bucket's are, and each step's results are copied into them; they are
+    then lent (``start_bucket(lent=True)``, as the DDP hook lends them) unless ``lent`` says
+    otherwise. ``placed``: a list that gets, per worker and step, whether each result lies in
+    the memory of the gradient it came from."""
     import torch
 
     from frameworks.torch.ops import TorchOps
@@ -412,11 +415,15 @@ def torch_exchange(pipelines, steps, overwrite, grads=gradients, poison=None, co
                 held[0][3, 5] = float("nan")
             buckets = pipeline.buckets([(tuple(x.shape), ops.dtype(x)) for x in held], ops)
             started = [pipeline.start_bucket([held[i].detach() for i in b], [names[i] for i in b],
-                                             worker, ops, overwrite=overwrite) for b in buckets]
+                                             worker, ops, overwrite=overwrite,
+                                             lent=flat if lent is None else lent)
+                       for b in buckets]
             out = [None] * len(held)
             for b, res in zip(buckets, pipeline.finish_step(started, worker, 0.5)):
                 for i, r in zip(b, res):
                     out[i] = r
+            if placed is not None:
+                placed.append((rank, [r.data_ptr() == h.data_ptr() for r, h in zip(out, held)]))
             after[rank].append([h.numpy().copy() for h in held])
             results[rank].append([r.numpy().copy() for r in out])
             if flat:  # into the caller's buffer, as DDP's bucket takes its results
@@ -538,6 +545,98 @@ def test_error_feedback_written_into_the_gradients_computes_the_same_bits(name, 
                    for held, given in zip(written_after[0][2], gradients(0, 2)))
 
 
+@pytest.mark.parametrize("name", KEEPING_STATE)
+def test_a_gradient_lent_for_the_step_never_holds_its_residual(name):
+    """A DDP bucket of one gradient: its flat buffer is all of the gradient's memory, so it could
+    be written into (``writable``), but DDP fills it with the step's result and then with the next
+    gradient. Lent for the step (``lent=True``, as the DDP hook lends it), error feedback keeps its
+    residual in a tensor of its own: over four steps the results and the kept state are, bit for
+    bit, those of error feedback that never writes into a tensor. (Kept in the buffer, the
+    residual was overwritten by the result: a DDP layer alone in its bucket lost it each step.)"""
+    def build():
+        return [grace.build(name, min_numel=1024) for _ in range(2)]
+
+    def grads(rank, step):
+        return gradients(rank, step, [(64, 48)])
+
+    baseline, lent, kept = build(), build(), build()
+    expected, _ = torch_exchange(baseline, 4, True, grads=grads, flat=True, copying=True)
+    got, _ = torch_exchange(lent, 4, True, grads=grads, flat=True)
+    for rank in range(2):
+        for step in range(4):
+            for a, b in zip(got[rank][step], expected[rank][step]):
+                np.testing.assert_array_equal(a, b)
+    assert_same_state(baseline, lent)
+    if name not in ("topk", "randomk"):
+        return  # their residual is a new tensor (a difference): nothing of the buffer is kept
+    # The sparsifiers zero the sent entries of the compensated tensor itself: not lent, the buffer
+    # is kept as the residual and the result overwrites it, which the test above tells apart.
+    wrong, _ = torch_exchange(kept, 4, True, grads=grads, flat=True, lent=False)
+    assert any(not np.array_equal(a, b) for rank in range(2) for step in range(4)
+               for a, b in zip(wrong[rank][step], expected[rank][step]))
+
+
+@pytest.mark.parametrize("name", ["none", "fp16"])
+@pytest.mark.parametrize("flat", [False, True], ids=["own-memory", "flat-bucket"])
+def test_a_summed_cast_is_decoded_into_the_gradients_given_over(name, flat):
+    """none's and fp16's sum decodes by a cast: handed over, a gradient gets its result in its own
+    memory (a DDP bucket's view, or a lone gradient's storage), decoded and scaled in one go
+    (``Compressor.aggregate_into``, ``TorchOps.scale_into``), with the bits of decoding into new
+    tensors. Every tensor compressed here (min_numel=0: a bucket's tensors lie end to end, or
+    each alone) has its result in place; without ``overwrite`` none has."""
+    shapes = [(64, 48)] if not flat else [(64, 48), (64,), (48, 32)]
+
+    def build():
+        return [grace.build(name, min_numel=0) for _ in range(2)]
+
+    def grads(rank, step):
+        return gradients(rank, step, shapes)
+
+    placed, unplaced = [], []
+    expected, _ = torch_exchange(build(), 3, False, grads=grads, flat=flat, placed=unplaced)
+    got, _ = torch_exchange(build(), 3, True, grads=grads, flat=flat, placed=placed)
+    for rank in range(2):
+        for step in range(3):
+            for a, b in zip(got[rank][step], expected[rank][step]):
+                np.testing.assert_array_equal(a, b)
+    assert len(placed) == 6 and all(all(p) for _, p in placed)
+    assert len(unplaced) == 6 and not any(any(p) for _, p in unplaced)
+
+
+def test_scale_into_writes_the_bits_of_a_cast_and_a_scale():
+    """``TorchOps.scale_into``: ``x`` cast to ``out``'s dtype times the factor, written into
+    ``out``, with ``scale``'s bits (a factor of 1/3 rounds: the product is in float32, as
+    ``Ops.scale`` computes it, not in float16); where ``out`` cannot be written (autograd tracks
+    it, it is strided, or ``x`` overlaps part of it) a new tensor, ``out`` left alone."""
+    import torch
+
+    from frameworks.torch.ops import TorchOps
+
+    ops = TorchOps()
+    generator = torch.Generator().manual_seed(3)
+    base = torch.randn(6, 5, generator=generator)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        x = base.reshape(-1).to(dtype)
+        for factor in (1.0 / 3.0, 1.0):
+            want = ops.scale(x.to(torch.float32), factor) if factor != 1.0 else x.to(torch.float32)
+            out = torch.full((6, 5), 7.0)
+            got = ops.scale_into(x, factor, out)
+            assert got is out and torch.equal(out.reshape(-1), want.reshape(-1))
+            half = torch.full((30,), 7.0, dtype=torch.float16)
+            assert torch.equal(ops.scale_into(x, factor, half),
+                               ops.scale(x.to(torch.float16), factor) if factor != 1.0
+                               else x.to(torch.float16))
+    own = base.clone()
+    assert ops.scale_into(own, 0.5, own) is own and torch.equal(own, base * 0.5)  # x is out
+    for out in (torch.zeros(6, 5, requires_grad=True), torch.zeros(5, 6).t()):
+        got = ops.scale_into(base.reshape(-1), 0.5, out)
+        assert got is not out and torch.equal(got, base * 0.5)
+        assert not out.detach().any()
+    buffer = torch.arange(12.0)
+    got = ops.scale_into(buffer[0:6], 2.0, buffer[3:9])  # overlapping: read before any write
+    assert torch.equal(got, torch.arange(6.0) * 2) and torch.equal(buffer, torch.arange(12.0))
+
+
 def test_a_gradient_that_cannot_be_written_into_is_left_as_it_is():
     """``overwrite`` lets error feedback write only where the adapter can: a gradient autograd
     still tracks, or a view that is not contiguous (another tensor's memory read with strides),
@@ -604,7 +703,8 @@ def test_a_memory_written_with_three_arguments_keeps_working_where_gradients_are
     """``Memory.compensate`` gained ``overwrite``; a memory written before, with
     ``compensate(tensor, name, ops)``, is called as it was written, also where the PyTorch
     wrapper hands its gradients over to be written into: the same results as grace's own
-    residual memory, and the caller's gradients are not written (it makes tensors of its own)."""
+    residual memory, and the caller's gradients it compresses are not written (it makes tensors
+    of its own); those sent dense, without state, hold their results (``result_place``)."""
     from grace.communicators.allgather import Allgather
     from grace.compressors.topk import TopK
     from grace.memory import Memory
@@ -633,8 +733,10 @@ def test_a_memory_written_with_three_arguments_keeps_working_where_gradients_are
             for step in range(3):
                 for a, b in zip(got[rank][step], want[rank][step]):
                     np.testing.assert_array_equal(a, b)
-                for held, given in zip(after[rank][step], gradients(rank, step)):
-                    np.testing.assert_array_equal(held, given)
+                for held, given, result in zip(after[rank][step], gradients(rank, step),
+                                               got[rank][step]):
+                    dense = given.size < 1024 and granularity == "layer" and overwrite
+                    np.testing.assert_array_equal(held, result if dense else given)
 
 
 class Fusing(Counting):
@@ -671,9 +773,9 @@ def test_where_the_collectives_fuse_sums_large_parts_travel_alone(name):
         # sum carries any NaN itself: no flag)
         assert sizes == sorted(2 * [large, 300 * 900, 64 + 32 + 5000])
     if name == "fp16":  # per step: the large one alone (its float16 payload over 1 MiB), the
-        # 300 x 900 one's (540 kB) with the 5,000, the biases dense in float32 (a cast's sum
-        # carries any NaN itself too: no flag)
-        assert sizes == sorted(2 * [large, 300 * 900 + 5000, 64 + 32])
+        # 300 x 900 one's (540 kB) with the 5,000 and the biases (fp16 casts every float tensor:
+        # min_numel 0), all float16 (a cast's sum carries any NaN itself too: no flag)
+        assert sizes == sorted(2 * [large, 300 * 900 + 5000 + 64 + 32])
     if name == "topk":  # top-k's dense leftovers are small: they stay joined, as without fusion
         assert [c[:2] for c in fused_workers[0].calls] == [c for c in exchange(
             [grace.build(name) for _ in range(2)], steps=2,

@@ -156,7 +156,9 @@ class DDPState:
                         tuple(grad.shape))
             exchange = self.pipeline.start_sparse(rows, names[0], group, _OPS)
         else:
-            exchange = self.pipeline.start_bucket(gradients, names, group, _OPS, overwrite=True)
+            # DDP fills the bucket anew each step: it is the exchange's within the step only.
+            exchange = self.pipeline.start_bucket(gradients, names, group, _OPS, overwrite=True,
+                                                  lent=True)
         future: torch.futures.Future = torch.futures.Future()
         self._pending.append((buffer, exchange, future))
         if bucket.is_last():

@@ -165,6 +165,22 @@ class TorchOps(Ops):
     def scale(self, x, factor):
         return x * factor
 
+    def scale_into(self, x, factor, out):
+        if (out.requires_grad or out.layout != torch.strided or not out.is_contiguous()
+                or x.numel() != out.numel() or not x.is_contiguous()
+                or (x.data_ptr() != out.data_ptr()
+                    and x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr())):
+            return super().scale_into(x, factor, out)
+        flat, x = out.view(-1), x.reshape(-1)
+        if x.dtype != out.dtype:  # a cast, then the product in out's dtype: scale's bits
+            flat.copy_(x)
+            x = flat
+        if factor != 1.0:
+            torch.mul(x, factor, out=flat)  # the kernel of ``x * factor``
+        elif x.data_ptr() != flat.data_ptr():
+            flat.copy_(x)
+        return out
+
     def abs(self, x):
         return x.abs()
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from grace.compressor import Compressor, numel_of
+from grace.compressor import DEFAULT_MIN_NUMEL, Compressor, numel_of
 
 
 class FP16(Compressor):
@@ -15,6 +15,11 @@ class FP16(Compressor):
     wire_dtype = "float16"
     elementwise = True
     keeps_nonfinite = True  # Inf and NaN cast to Inf and NaN; an overflow becomes Inf
+    decodes_by_cast = True
+    # Every float tensor cast, as Horovod's Compression.fp16 and PyTorch's fp16_compress_hook do:
+    # joined with its bucket (Pipeline._joins_alike) a small one costs no collective of its own,
+    # and a DDP bucket's tensors, all cast, are one view of its buffer, decoded back into it.
+    default_min_numel = 0
 
     def compress_flat(self, flat, name, ctx, ops):
         if ctx.dtype in ("float32", "float64"):
@@ -41,3 +46,6 @@ class BF16(FP16):
     wire_dtype = "bfloat16"
     summable = False
     default_communicator = "allgather"
+    # Gathered, each tensor is a payload of its own to pack and unpack: the small ones are summed
+    # dense, joined, instead.
+    default_min_numel = DEFAULT_MIN_NUMEL

@@ -11,6 +11,7 @@ class NoneCompressor(Compressor):
     summable = True
     elementwise = True
     keeps_nonfinite = True
+    decodes_by_cast = True
 
     def compress_flat(self, flat, name, ctx, ops):
         return [flat]

@@ -134,15 +134,17 @@ class Tower(torch.nn.Module):
 
 
 def tower(name, bucket_cap_mb, poison=None, skip=(), make=lambda: grace.topk(0.05), named=False,
-          **options):
+          frozen_biases=False, **options):
     """The tower trained with ``make()``'s compression: per-tensor compression does not depend on
     how DDP buckets the tensors, so every bucket size gives the same weights, bit for bit, if every
     residual stays with its parameter when DDP rebuilds its buckets. ``poison``: at that step the
     last rank's gradient of one weight (in a bucket of its own with small buckets) is made
     infinite; ``skip``: steps not run; ``named``: the state named by the model's parameter names
-    (a stochastic compressor draws per name)."""
+    (a stochastic compressor draws per name); ``frozen_biases``: only the weights are trained."""
     compression = make()
     model = Tower().to(device)
+    for layer in model.layers if frozen_biases else ():
+        layer.bias.requires_grad_(False)
     ddp = DDP(model, bucket_cap_mb=bucket_cap_mb, **options)
     layouts, finite = [], []
     names = {id(p): n for n, p in model.named_parameters()}
@@ -166,7 +168,8 @@ def tower(name, bucket_cap_mb, poison=None, skip=(), make=lambda: grace.topk(0.0
         torch.nn.functional.mse_loss(ddp(x), y).backward()
         if handle is not None:
             handle.remove()
-        finite.append([bool(torch.isfinite(p.grad).all()) for p in model.parameters()])
+        finite.append([bool(torch.isfinite(p.grad).all()) for p in model.parameters()
+                       if p.requires_grad])
         if all(finite[-1]):
             opt.step()
     residuals = compression.state_dict().get("memory", {}).get("residuals", {})
@@ -277,6 +280,10 @@ SCENARIOS = {
     "resume_bucket": lambda: resume("resume_bucket", lambda: grace.topk(0.05, granularity="bucket")),
     "tower_small": lambda: tower("tower_small", 0.1),
     "tower_large": lambda: tower("tower_large", 25),
+    # Biases frozen, so that tiny buckets hold one weight each: DDP's buffer is then all of the
+    # gradient's memory (a bias would share it).
+    "tower_frozen_tiny": lambda: tower("tower_frozen_tiny", 0.001, frozen_biases=True),
+    "tower_frozen_large": lambda: tower("tower_frozen_large", 25, frozen_biases=True),
     # find_unused_parameters: DDP's first buckets, never rebuilt
     "tower_unused": lambda: tower("tower_unused", 0.1, find_unused_parameters=True),
     "tower_view": lambda: tower("tower_view", 0.1, gradient_as_bucket_view=True),
