@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from scripts import compare, quality
 from scripts import time_to_accuracy as tta
-from scripts.tools import bench_ddp_hooks
+from scripts.tools import bench_ddp_hooks, ddp_hook_time
 
 ROOT = compare.ROOT
 BLOCK = re.compile(r"<!-- generated: (?P<name>\S+) (?P<files>[^>]*?) -->\n(?P<body>.*?)"
@@ -99,6 +99,8 @@ TABLES: dict[str, Table] = {
                               "time_to_accuracy.py's results.json"),
     "ddp_hooks": Table(lambda p: bench_ddp_hooks.markdown(_json(*p)),
                        "one --json file of bench_ddp_hooks.py"),
+    "ddp_hook_time": Table(lambda p: ddp_hook_time.markdown(_json(*p)),
+                           "one --json file of ddp_hook_time.py"),
     "ddp_hooks.compare": Table(lambda p: bench_ddp_hooks.comparison(*map(_json, p)),
                                "two --json files of bench_ddp_hooks.py: before, after"),
 }

@@ -136,7 +136,7 @@ def test_grace_fp16(gloo_run):
     w = np.load(gloo_run / "fp16.rank0.npz")["w"]
     off = np.abs(w - reference.simulate(fp16=True)[0]) > TOL
     assert off.mean() < 0.02, f"{off.sum()} of {off.size} weights differ by more than {TOL}"
-    assert infos[0]["stats"]["bytes_sent"] == 10 * (1280 * 2 + 8 * 4)  # b below min_numel: fp32
+    assert infos[0]["stats"]["bytes_sent"] == 10 * (1280 + 8) * 2  # b cast too (min_numel 0)
 
 
 def test_backward_passes_per_step(gloo_run):

@@ -7,9 +7,10 @@ On one worker the time inside the hook is grace's own work on the core: joining,
 runs in its last bucket's call). It is what a faster link leaves exposed. With ``--before DIR`` the
 two checkouts run in turn, round after round, each round a fresh process per checkout and
 compressor, and the medians are printed side by side (the machine is noisy: compare only what
-ran interleaved).
+ran interleaved). ``--json FILE`` keeps the samples, from which ``markdown`` (and
+``scripts.doc_tables``'s ``ddp_hook_time`` table) prints the same table.
 
-    python -m scripts.tools.ddp_hook_time --compressors none,fp16 --before /tmp/before
+    python -m scripts.tools.ddp_hook_time --compressors none,fp16 --before /tmp/before --json F
 """
 
 from __future__ import annotations
@@ -73,6 +74,19 @@ def measure(compressor: str, steps: int, warmup: int, image: int, batch: int) ->
     return per_step
 
 
+def markdown(data: dict) -> str:
+    """The medians of a run (``--json``'s file), a column per checkout."""
+    lines = [f"ms a step inside grace.ddp_hook, ResNet-50 {data['image']}x{data['image']}, batch "
+             f"{data['batch']}, one worker, one thread; the median of {data['rounds']} rounds of "
+             f"{data['steps']} steps", "",
+             "| compressor | " + " | ".join(data["sides"]) + " |",
+             "|---|" + "---:|" * len(data["sides"])]
+    for name, by_side in data["samples"].items():
+        cells = [f"{statistics.median(by_side[side]):.1f}" for side in data["sides"]]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--compressors", default="none,fp16")
@@ -82,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--image", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--json", metavar="FILE", help="keep the settings and every sample here")
     parser.add_argument("--measure", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     names = [n for n in args.compressors.split(",") if n]
@@ -96,15 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     runs = [(side, name) for _ in range(args.rounds) for name in names for side in sides]
     for side, name in tqdm(runs, desc="runs", file=sys.stderr):
         found[(side, name)] += measure_side(__file__, sides[side], "--compressors", name, *settings)
-    print(f"ms a step inside grace.ddp_hook, ResNet-50 {args.image}x{args.image}, batch "
-          f"{args.batch}, one worker, one thread; the median of {args.rounds} rounds of "
-          f"{args.steps} steps")
-    print()
-    print("| compressor | " + " | ".join(sides) + " |")
-    print("|---|" + "---:|" * len(sides))
-    for name in names:
-        cells = [f"{statistics.median(found[(side, name)]):.1f}" for side in sides]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    data = {"image": args.image, "batch": args.batch, "rounds": args.rounds, "steps": args.steps,
+            "sides": list(sides), "samples": {name: {side: found[(side, name)] for side in sides}
+                                              for name in names}}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(data, f, indent=1)
+    print(markdown(data))
     return 0
 
 
