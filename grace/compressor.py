@@ -52,6 +52,11 @@ DEFAULT_MIN_NUMEL = 1024
 """Tensors with fewer elements (biases, norms) travel dense: compressing them saves little and adds
 latency. Override with ``min_numel=``."""
 
+DECODING_METHODS = ("decompress", "decompress_flat", "aggregate", "aggregate_payloads", "decode",
+                    "combine")
+"""What turns payloads into the result: a subclass that defines one of them decodes its own way
+(``Compressor.decodes_by_cast`` is then false unless it says otherwise)."""
+
 
 LENGTH_BYTES = 4
 """Each tensor of a variable-size payload travels with its length, an int32 (``Allgather``)."""
@@ -281,6 +286,10 @@ class Compressor(ABC):
                 setattr(cls, former, method)
                 setattr(cls, new, _residual_from(method) if former == "decoded_residual" else method)
                 _warn_renamed_method(former, f"{cls.__name__} defines {former}")
+        # A subclass of a cast that decodes or sums otherwise, without saying it still decodes by
+        # a cast, is not one: ``aggregate_into`` would skip its own decoding.
+        if "decodes_by_cast" not in vars(cls) and any(m in vars(cls) for m in DECODING_METHODS):
+            cls.decodes_by_cast = False
 
     def encode(self, flat: Tensor, name: str, ctx: Context, ops: Ops) -> Payload:
         """Former name of ``compress_flat``."""

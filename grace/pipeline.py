@@ -4,6 +4,7 @@ and the fused exchange of buckets of tensors."""
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
@@ -42,6 +43,17 @@ def takes_overwrite(memory: Memory) -> bool:
 
 
 _TAKES_OVERWRITE: dict[type, bool] = {}
+
+
+def _differs_in_min_numel_only(saved: str, config: str, state: dict[str, Any]) -> bool:
+    """Whether a checkpoint saved under another ``min_numel`` still fits: it keeps no tensor's
+    state (a cast, none: byte counts only), so no state can be missing or misplaced. fp16's
+    default became 0 where it was 1024; its checkpoints saved before load as they did."""
+    def without(text: str) -> str:
+        return re.sub(r"min_numel=\d+", "min_numel=?", text)
+    held = any(entries for part, stores in state.items() if part not in ("config", "stats")
+               and isinstance(stores, dict) for entries in stores.values())
+    return not held and without(saved) == without(config)
 
 
 BUILT_WHILE_TRACING: list[Callable[[], Any]] = []
@@ -613,7 +625,7 @@ class Pipeline:
         saved = str(state.get("config"))
         for former, name in RENAMED_PARAMS.items():  # a checkpoint from before a parameter's rename
             saved = saved.replace(f"{former}=", f"{name}=")
-        if saved != repr(self):
+        if saved != repr(self) and not _differs_in_min_numel_only(saved, repr(self), state):
             raise ValueError(f"this compression state was saved by {state.get('config')}, not by "
                              f"{self!r}: build the same pipeline before loading it")
         parts = (("compressor", self.compressor.state()), ("memory", self.memory.state()),

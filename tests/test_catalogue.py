@@ -567,6 +567,28 @@ def test_the_former_bucket_size_is_taken_as_block_size_with_one_warning(monkeypa
         grace.qsgd(block_size=128).load_state_dict(state)
 
 
+def test_a_checkpoint_of_fp16_from_before_its_min_numel_became_0_loads():
+    """fp16's ``min_numel`` default became 0 (was 1024): its checkpoints, which hold no tensor's
+    state, load into ``grace.fp16()`` with their byte counts; a pipeline with state per tensor
+    (top-k's residuals) saved under another ``min_numel`` still does not load (its residuals would
+    be missing or left over)."""
+    import numpy as np
+
+    from grace.backends import NumpyOps
+
+    old = grace.fp16(min_numel=1024)
+    old.reduce(np.ones(2000, np.float32), "w", InProcessGroup(1).worker(0))
+    state = old.state_dict()
+    new = grace.fp16()
+    assert new.min_numel == 0
+    new.load_state_dict(state, NumpyOps())
+    assert new.stats()["bytes_sent"] == old.stats()["bytes_sent"] == 4000
+    topk = grace.topk(0.01, min_numel=1024)
+    topk.reduce(np.arange(2000, dtype=np.float32), "w", InProcessGroup(1).worker(0))
+    with pytest.raises(ValueError, match="this compression state was saved by"):
+        grace.topk(0.01, min_numel=0).load_state_dict(topk.state_dict())
+
+
 # --- what a sum of payloads carries ----------------------------------------------------------------
 @pytest.mark.parametrize("name, backend", [  # numpy has no bfloat16
     (n, b) for n in NAMES if grace.build(n).compressor.keeps_nonfinite for b in sorted(BACKENDS)

@@ -4,6 +4,7 @@ and the lengths inside the payload, results identical to compressing tensor by t
 from __future__ import annotations
 
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -366,7 +367,7 @@ class _InPlace:
 
 
 def torch_exchange(pipelines, steps, overwrite, grads=gradients, poison=None, copying=False,
-                   in_place=None, flat=False, lent=None, placed=None):
+                   in_place=None, flat=False, lent=None, placed=None, scale=0.5):
     """``exchange`` with torch tensors through ``TorchOps``, handed over as the PyTorch wrapper
     hands its gradients: each worker keeps one gradient tensor per name across steps (a
     ``p.grad``: zeroed, then the step's gradient added, as ``zero_grad(set_to_none=False)`` and
@@ -379,14 +380,18 @@ def torch_exchange(pipelines, steps, overwrite, grads=gradients, poison=None, co
     flat buffer, as a DDP bucket's are, and each step's results are copied into them; they are
     then lent (``start_bucket(lent=True)``, as the DDP hook lends them) unless ``lent`` says
     otherwise. ``placed``: a list that gets, per worker and step, whether each result lies in
-    the memory of the gradient it came from."""
+    the memory of the gradient it came from. ``scale``: the results' factor (1 / workers)."""
     import torch
 
     from frameworks.torch.ops import TorchOps
+    from grace.ops import Ops
 
     class CopyingOps(TorchOps):
         def writable(self, x):
             return False
+
+        def scale_into(self, x, factor, out):  # a new tensor, as ``Ops``'s default makes
+            return Ops.scale_into(self, x, factor, out)
 
     ops = CopyingOps() if copying else TorchOps()
     group = InProcessGroup(2)
@@ -419,7 +424,7 @@ def torch_exchange(pipelines, steps, overwrite, grads=gradients, poison=None, co
                                              lent=flat if lent is None else lent)
                        for b in buckets]
             out = [None] * len(held)
-            for b, res in zip(buckets, pipeline.finish_step(started, worker, 0.5)):
+            for b, res in zip(buckets, pipeline.finish_step(started, worker, scale)):
                 for i, r in zip(b, res):
                     out[i] = r
             if placed is not None:
@@ -560,7 +565,7 @@ def test_a_gradient_lent_for_the_step_never_holds_its_residual(name):
         return gradients(rank, step, [(64, 48)])
 
     baseline, lent, kept = build(), build(), build()
-    expected, _ = torch_exchange(baseline, 4, True, grads=grads, flat=True, copying=True)
+    expected, _ = torch_exchange(baseline, 4, False, grads=grads, flat=True)  # nothing handed over
     got, _ = torch_exchange(lent, 4, True, grads=grads, flat=True)
     for rank in range(2):
         for step in range(4):
@@ -578,12 +583,14 @@ def test_a_gradient_lent_for_the_step_never_holds_its_residual(name):
 
 @pytest.mark.parametrize("name", ["none", "fp16"])
 @pytest.mark.parametrize("flat", [False, True], ids=["own-memory", "flat-bucket"])
-def test_a_summed_cast_is_decoded_into_the_gradients_given_over(name, flat):
+@pytest.mark.parametrize("scale", [0.5, 1.0 / 3.0], ids=["half", "third"])
+def test_a_summed_cast_is_decoded_into_the_gradients_given_over(name, flat, scale):
     """none's and fp16's sum decodes by a cast: handed over, a gradient gets its result in its own
     memory (a DDP bucket's view, or a lone gradient's storage), decoded and scaled in one go
     (``Compressor.aggregate_into``, ``TorchOps.scale_into``), with the bits of decoding into new
-    tensors. Every tensor compressed here (min_numel=0: a bucket's tensors lie end to end, or
-    each alone) has its result in place; without ``overwrite`` none has."""
+    tensors, also at a factor that rounds (1/3: the product in float32, after the cast). Every
+    tensor here (min_numel=0: a bucket's tensors lie end to end, or each alone) has its result in
+    place; without ``overwrite`` none has."""
     shapes = [(64, 48)] if not flat else [(64, 48), (64,), (48, 32)]
 
     def build():
@@ -593,8 +600,9 @@ def test_a_summed_cast_is_decoded_into_the_gradients_given_over(name, flat):
         return gradients(rank, step, shapes)
 
     placed, unplaced = [], []
-    expected, _ = torch_exchange(build(), 3, False, grads=grads, flat=flat, placed=unplaced)
-    got, _ = torch_exchange(build(), 3, True, grads=grads, flat=flat, placed=placed)
+    expected, _ = torch_exchange(build(), 3, False, grads=grads, flat=flat, placed=unplaced,
+                                 scale=scale)
+    got, _ = torch_exchange(build(), 3, True, grads=grads, flat=flat, placed=placed, scale=scale)
     for rank in range(2):
         for step in range(3):
             for a, b in zip(got[rank][step], expected[rank][step]):
@@ -623,9 +631,15 @@ def test_scale_into_writes_the_bits_of_a_cast_and_a_scale():
             got = ops.scale_into(x, factor, out)
             assert got is out and torch.equal(out.reshape(-1), want.reshape(-1))
             half = torch.full((30,), 7.0, dtype=torch.float16)
-            assert torch.equal(ops.scale_into(x, factor, half),
-                               ops.scale(x.to(torch.float16), factor) if factor != 1.0
-                               else x.to(torch.float16))
+            got = ops.scale_into(x, factor, half)
+            assert got is half and torch.equal(half, ops.scale(x.to(torch.float16), factor)
+                                               if factor != 1.0 else x.to(torch.float16))
+            # A view at an offset in a larger buffer (a DDP bucket's gradient): written there.
+            bucket = torch.full((40,), 7.0)
+            place = bucket[5:35].view(6, 5)
+            assert ops.scale_into(x, factor, place) is place
+            assert torch.equal(bucket[5:35], want.reshape(-1)) and (bucket[:5] == 7).all() \
+                and (bucket[35:] == 7).all()
     own = base.clone()
     assert ops.scale_into(own, 0.5, own) is own and torch.equal(own, base * 0.5)  # x is out
     for out in (torch.zeros(6, 5, requires_grad=True), torch.zeros(5, 6).t()):
@@ -737,6 +751,78 @@ def test_a_memory_written_with_three_arguments_keeps_working_where_gradients_are
                                                got[rank][step]):
                     dense = given.size < 1024 and granularity == "layer" and overwrite
                     np.testing.assert_array_equal(held, result if dense else given)
+
+
+def test_a_result_is_never_written_into_a_tensor_a_memory_may_keep():
+    """A summed cast's result goes into the gradient handed over only where the memory keeps no
+    state (``result_place``): a memory with state may hold the very tensor it was given (this
+    one keeps it as it is), and must find it as it was, not overwritten by the result."""
+    from grace.communicators.allreduce import Allreduce
+    from grace.compressors.cast import FP16
+    from grace.memory import Memory
+    from grace.pipeline import Pipeline
+
+    class Keeping(Memory):
+        name = "keeping"
+
+        def __init__(self):
+            self.kept = {}
+
+        def compensate(self, tensor, name, ops, overwrite=False):
+            return tensor
+
+        def update(self, compensated, name, compressor, payload, ctx, ops):
+            self.kept[name] = compensated
+
+    def grads(rank, step):
+        return gradients(rank, step, [(64, 48)])
+
+    pipelines = [Pipeline(FP16(), Keeping(), Allreduce(), min_numel=0) for _ in range(2)]
+    results, _ = torch_exchange(pipelines, 2, True, grads=grads)
+    for rank, pipeline in enumerate(pipelines):
+        np.testing.assert_array_equal(pipeline.memory.kept["t0"].numpy(), grads(rank, 1)[0])
+        assert not np.array_equal(results[rank][1][0], grads(rank, 1)[0])
+
+
+def test_a_subclass_of_a_cast_that_decodes_its_own_way_is_decoded_its_way():
+    """``decodes_by_cast`` lets a summed payload skip ``decompress_flat``; a subclass of a cast
+    that decodes otherwise (here: halves what it decodes) is not taken for one unless it says so,
+    and its results handed over are its own decoding's, as without ``overwrite``."""
+    from grace.communicators.allreduce import Allreduce
+    from grace.compressors.cast import FP16
+    from grace.memories.none import NoneMemory
+    from grace.pipeline import Pipeline
+
+    class Halved(FP16):
+        def decompress_flat(self, payload, ctx, ops):
+            return ops.scale(super().decompress_flat(payload, ctx, ops), 0.5)
+
+    with warnings.catch_warnings():  # a former method name (``combine``): a FutureWarning
+        warnings.simplefilter("ignore", FutureWarning)
+
+        class Renamed(FP16):  # (none's tensors travel dense, through the plain none)
+            def combine(self, payloads, ctx, ops, scale=1.0):
+                return ops.scale(FP16.aggregate_payloads(self, payloads, ctx, ops, scale), 2.0)
+
+    class Said(FP16):
+        decodes_by_cast = True
+
+        def aggregate(self, tensors, ops):
+            return super().aggregate(tensors, ops)
+
+    assert FP16.decodes_by_cast and Said.decodes_by_cast
+    assert not Halved.decodes_by_cast and not Renamed.decodes_by_cast
+    for cls in (Halved, Renamed):
+        def build():
+            return [Pipeline(cls(), NoneMemory(), Allreduce(), min_numel=0) for _ in range(2)]
+
+        handed, _ = torch_exchange(build(), 2, True)
+        kept, _ = torch_exchange(build(), 2, False)
+        plain, _ = torch_exchange([grace.build("none", min_numel=0) for _ in range(2)], 2, False)
+        for rank in range(2):
+            for a, b, c in zip(handed[rank][1], kept[rank][1], plain[rank][1]):
+                np.testing.assert_array_equal(a, b)
+                assert not np.allclose(a, c)  # the subclass's own decoding, not a plain cast
 
 
 class Fusing(Counting):
