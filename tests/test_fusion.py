@@ -753,12 +753,17 @@ def test_a_memory_written_with_three_arguments_keeps_working_where_gradients_are
                     np.testing.assert_array_equal(held, result if dense else given)
 
 
-def test_a_result_is_never_written_into_a_tensor_a_memory_may_keep():
-    """A summed cast's result goes into the gradient handed over only where the memory keeps no
-    state (``result_place``): a memory with state may hold the very tensor it was given (this
-    one keeps it as it is), and must find it as it was, not overwritten by the result."""
+@pytest.mark.parametrize("codec", ["fp16", "passing"])
+def test_a_tensor_a_memory_may_keep_is_neither_summed_in_place_nor_written_with_the_result(codec):
+    """A memory with state may hold the very tensor it was given (this one keeps it as it is), and
+    must find it as it was. So the gradient handed over is neither given to the collectives to sum
+    in place (``_given_over``: a codec whose payload is the tensor itself, ``passing``) nor written
+    with the result (``result_place``: a cast, fp16), where the memory has state; with the same
+    codec and no state, it is (so the guards, not the codec, decide)."""
     from grace.communicators.allreduce import Allreduce
     from grace.compressors.cast import FP16
+    from grace.compressors.none import NoneCompressor
+    from grace.memories.none import NoneMemory
     from grace.memory import Memory
     from grace.pipeline import Pipeline
 
@@ -774,14 +779,28 @@ def test_a_result_is_never_written_into_a_tensor_a_memory_may_keep():
         def update(self, compensated, name, compressor, payload, ctx, ops):
             self.kept[name] = compensated
 
+    class Passing(NoneCompressor):  # its payload is the tensor itself, and it is compressed
+        def payload_nbytes(self, shape, itemsize):
+            return None
+
     def grads(rank, step):
         return gradients(rank, step, [(64, 48)])
 
-    pipelines = [Pipeline(FP16(), Keeping(), Allreduce(), min_numel=0) for _ in range(2)]
-    results, _ = torch_exchange(pipelines, 2, True, grads=grads)
+    make = FP16 if codec == "fp16" else Passing
+    pipelines = [Pipeline(make(), Keeping(), Allreduce(), min_numel=0) for _ in range(2)]
+    workers: list = []
+    results, held = torch_exchange(pipelines, 2, True, grads=grads, in_place=workers)
     for rank, pipeline in enumerate(pipelines):
         np.testing.assert_array_equal(pipeline.memory.kept["t0"].numpy(), grads(rank, 1)[0])
         assert not np.array_equal(results[rank][1][0], grads(rank, 1)[0])
+        np.testing.assert_array_equal(held[rank][1][0], grads(rank, 1)[0])
+    stateless = [Pipeline(make(), NoneMemory(), Allreduce(), min_numel=0) for _ in range(2)]
+    workers = []
+    same, held = torch_exchange(stateless, 2, True, grads=grads, in_place=workers)
+    for rank in range(2):
+        np.testing.assert_array_equal(same[rank][1][0], results[rank][1][0])
+        np.testing.assert_array_equal(held[rank][1][0], results[rank][1][0])  # written with it
+    assert all(w.given for w in workers)
 
 
 def test_a_subclass_of_a_cast_that_decodes_its_own_way_is_decoded_its_way():

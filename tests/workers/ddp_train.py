@@ -178,6 +178,47 @@ def tower(name, bucket_cap_mb, poison=None, skip=(), make=lambda: grace.topk(0.0
           "residual_names": sorted(residuals)})
 
 
+def in_place(name, make):
+    """The tower with ``make()``'s compression, DDP's default buckets, 4 steps, counting what the
+    hook does with each bucket: the collectives given a tensor to sum in place and those that sum
+    a copy (``DistributedCollectives``), and the results the hook had to write into DDP's bucket
+    (``ddp._write_into``: those not already at their place)."""
+    from frameworks.torch import ddp as hook_module
+    from frameworks.torch.distributed import DistributedCollectives
+
+    counts = {"given": 0, "copied": 0, "written": 0, "in_place": 0}
+    given, copied = DistributedCollectives.allreduce_given_async, DistributedCollectives.allreduce_async
+    write = hook_module._write_into
+
+    def counting_given(self, tensor, tag):
+        counts["given"] += 1
+        return given(self, tensor, tag)
+
+    def counting_copied(self, tensor, tag):
+        counts["copied"] += 1
+        return copied(self, tensor, tag)
+
+    def counting_write(buffer, tensors):
+        offset = 0
+        for tensor in tensors:
+            at_place = (tensor.data_ptr() == buffer[offset:].data_ptr() and tensor.is_contiguous())
+            counts["in_place" if at_place else "written"] += 1
+            offset += tensor.numel()
+        write(buffer, tensors)
+
+    DistributedCollectives.allreduce_given_async = counting_given
+    DistributedCollectives.allreduce_async = counting_copied
+    hook_module._write_into = counting_write
+    try:
+        tower(name, 25, make=make)
+    finally:
+        DistributedCollectives.allreduce_given_async = given
+        DistributedCollectives.allreduce_async = copied
+        hook_module._write_into = write
+    with open(os.path.join(args.outdir, f"{name}.counts.rank{rank}.json"), "w") as f:
+        json.dump(counts, f)
+
+
 class Bag(torch.nn.Module):
     """tests/workers/sparse_model.py's model: an embedding (1000 x 16, sparse gradients) whose
     looked-up rows are weighed and summed, and a linear layer."""
@@ -297,6 +338,8 @@ SCENARIOS = {
     # granularity="bucket": one residual per DDP bucket, from the buckets DDP regrouped
     "tower_bucket": lambda: tower("tower_bucket", 0.1, named=True,
                                   make=lambda: grace.topk(0.05, granularity="bucket", min_numel=0)),
+    "in_place_none": lambda: in_place("in_place_none", grace.none),
+    "in_place_fp16": lambda: in_place("in_place_fp16", grace.fp16),
     "errors": errors,
     "rows_none": lambda: rows("rows_none", grace.none),
     "rows_topk": lambda: rows("rows_topk", lambda: grace.topk(0.05)),
