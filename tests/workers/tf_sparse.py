@@ -89,12 +89,18 @@ def compare(key, compression, steps, graph, reference):
     return E, W
 
 
+def fp16_rows():
+    """fp16 on the table's rows, the dense layer (64 elements) left in float32 (``min_numel`` as
+    before fp16's default became 0): the tests bound the rows' float16 rounding."""
+    return grace.fp16(min_numel=1024)
+
+
 none_ref, topk_ref = numpy_run(5, None, size), numpy_run(5, 0.05, size)
 for graph in (False, True):
     mode = "function" if graph else "eager"
     compare(f"tape.{mode}.none", grace.none(), 5, graph, none_ref)
     compare(f"tape.{mode}.horovod", hvd.Compression.none, 5, graph, none_ref)
-    compare(f"tape.{mode}.fp16", grace.fp16(), 5, graph, none_ref)
+    compare(f"tape.{mode}.fp16", fp16_rows(), 5, graph, none_ref)
 for graph in (False, True):
     mode = "function" if graph else "eager"
     compare(f"tape.{mode}.topk", grace.topk(0.05), 5, graph, topk_ref)
@@ -170,7 +176,7 @@ def keras_run(optimizer, compression=None):
 for name, make in (("sgd", lambda: keras.optimizers.SGD(0.5)), ("adam", lambda: keras.optimizers.Adam(0.01))):
     alone = keras_run(deduplicated(make()))
     for compression in ("none", "fp16"):
-        together = keras_run(make(), getattr(grace, compression)())
+        together = keras_run(make(), fp16_rows() if compression == "fp16" else grace.none())
         report[f"keras.{name}.{compression}"] = max(gap(a, b) for a, b in zip(alone, together))
 
 # Top-k on the rows inside model.fit (a traced graph: encoded by numpy when it runs).
