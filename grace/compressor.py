@@ -52,10 +52,10 @@ DEFAULT_MIN_NUMEL = 1024
 """Tensors with fewer elements (biases, norms) travel dense: compressing them saves little and adds
 latency. Override with ``min_numel=``."""
 
-DECODING_METHODS = ("decompress", "decompress_flat", "aggregate", "aggregate_payloads", "decode",
-                    "combine")
+DECODING_METHODS = ("decompress", "decompress_flat", "aggregate", "aggregate_payloads")
 """What turns payloads into the result: a subclass that defines one of them decodes its own way
-(``Compressor.decodes_by_cast`` is then false unless it says otherwise)."""
+(``Compressor.decodes_by_cast`` is then false unless it says otherwise). A subclass written with a
+former name (``decode``, ``combine``) defines the new one too (``__init_subclass__``)."""
 
 
 LENGTH_BYTES = 4

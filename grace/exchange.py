@@ -48,6 +48,13 @@ class Entry:
     """A sparse gradient's own verdict for state it writes on the host (``RowsCodec.settle``);
     a sparse gradient's result is its rows (``Rows``)."""
 
+    @property
+    def source_given_over(self) -> bool:
+        """Whether the exchange may write into ``source`` itself (sum it in place, put its result
+        there): the caller gave it over (``owned``) and no state keeps it (its memory, chosen for
+        this step, has none)."""
+        return self.owned and self.memory is not None and self.memory.stateless
+
 
 @dataclass
 class Sent:

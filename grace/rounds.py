@@ -143,8 +143,8 @@ class Rounds:
 
 
 def result_place(entry: Entry) -> Tensor | None:
-    """Where ``entry``'s result may be written: its source, where the caller gave it over
-    (``Entry.owned``) and nothing kept reads it (a memory without state), else ``None``. A DDP
+    """Where ``entry``'s result may be written: its source, where it is given over
+    (``Entry.source_given_over``: the caller's, with no state keeping it), else ``None``. A DDP
     bucket's gradients then get their results in place, and Horovod's in the gradients' own
     memory, with no new tensor per step."""
-    return entry.source if entry.owned and entry.memory.stateless else None
+    return entry.source if entry.source_given_over else None

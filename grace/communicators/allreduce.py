@@ -48,8 +48,9 @@ class Allreduce(Communicator):
 
 def _given_over(layout, k: int, buffer, entries, ops) -> bool:
     """Whether ``buffer`` (the ``k``-th) may be summed in place: joined by ``pack_sums``, or the
-    lone payload of an entry whose source the caller gave over (``Entry.owned``), encoded by an
-    element-wise codec without state (its payload is that source, or a cast of it), so that
+    lone payload of an entry whose source is given over (``Entry.source_given_over``: the
+    caller's, with no state keeping it), encoded by an element-wise codec (its payload is that
+    source, or a cast of it), so that
     nothing reads it after it is sent, and a tensor that may be written at all (``Ops.writable``:
     not one autograd tracks)."""
     if layout.made[k]:
@@ -58,5 +59,4 @@ def _given_over(layout, k: int, buffer, entries, ops) -> bool:
     if len(members) != 1 or members[0][0][0] >= len(entries):
         return False
     entry = entries[members[0][0][0]]
-    return (entry.owned and entry.memory.stateless and entry.compressor.elementwise
-            and ops.writable(buffer))
+    return entry.source_given_over and entry.compressor.elementwise and ops.writable(buffer)

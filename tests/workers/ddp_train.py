@@ -179,7 +179,7 @@ def tower(name, bucket_cap_mb, poison=None, skip=(), make=lambda: grace.topk(0.0
 
 
 def in_place(name, make):
-    """The tower with ``make()``'s compression, DDP's default buckets, 4 steps, counting what the
+    """The tower with ``make()``'s compression, DDP's default buckets, 6 steps, counting what the
     hook does with each bucket: the collectives given a tensor to sum in place and those that sum
     a copy (``DistributedCollectives``), and the results the hook had to write into DDP's bucket
     (``ddp._write_into``: those not already at their place)."""
