@@ -242,7 +242,7 @@ class Compressor(ABC):
       (``communicator="alltoall"``) is measured to cost accuracy that gathering keeps, why, else
       ``None``; ``communicator="auto"`` then gathers its payloads at any size.
     - ``shortfalls``: the models of the quality benchmark (``MODELS``) on which the compressor at
-      its defaults is measured short of its target (docs/quality/safety.md), each with what was
+      its defaults is measured short of its target (data/quality/safety.md), each with what was
       measured, why where known, and the setting that works there; the wrapper says them in one
       line on rank 0 as it is built (``shortfall_notice``).
     - ``keeps_nonfinite``: every Inf or NaN of the tensor decodes to an Inf or NaN in its place,
@@ -400,7 +400,7 @@ class Compressor(ABC):
             return None
         found = "; ".join(f"on {MODELS[case]}, {what}" for case, what in self.shortfalls.items())
         return (f"grace: {self.name} at its defaults is measured short of uncompressed training "
-                f"{found} (docs/quality/safety.md)")
+                f"{found} (data/quality/safety.md)")
 
     def learning_rate_notice(self, lr: float | None, optimizer_momentum: float = 0.0) -> str | None:
         """Where this compressor needs a learning rate far from ``lr`` (the optimizer's at its first

@@ -1,7 +1,8 @@
 """Every table of the docs that reports measured figures, made again from its recorded runs: the
 one generator of those tables.
 
-A page marks such a table, in README.md or any page under docs/:
+A page marks such a table, in README.md, any page under docs/ or any page kept with its runs
+under data/:
 
     <!-- generated: NAME FILE... -->
     | the table ... |
@@ -9,7 +10,7 @@ A page marks such a table, in README.md or any page under docs/:
 
 NAME is one of ``TABLES`` (which tool's table, from which kind of run file); each FILE is a path
 from the repository's root, or a glob of them. The text between the markers is exactly what the
-table's function makes of those files. A tool's whole output file kept under docs/ beside its
+table's function makes of those files. A tool's whole output file kept under data/ beside its
 runs (``outputs``) is checked the same way.
 
     .venv/bin/python -m scripts.doc_tables            # rewrite every block from its files
@@ -38,6 +39,7 @@ from scripts import time_to_accuracy as tta
 from scripts.tools import bench_ddp_hooks, ddp_hook_time
 
 ROOT = compare.ROOT
+RUNS = "data"  # the recorded runs, one folder per study, with what the tools made of them
 BLOCK = re.compile(r"<!-- generated: (?P<name>\S+) (?P<files>[^>]*?) -->\n(?P<body>.*?)"
                    r"<!-- end generated -->", re.S)
 
@@ -116,23 +118,23 @@ SUMMARIES = ("quality_summary.json", "time_to_accuracy.json")
 
 
 def outputs() -> dict[str, tuple[str, list[str]]]:
-    """The tools' own output files kept under docs/ beside their runs, each what a table makes of
+    """The tools' own output files kept under data/ beside their runs, each what a table makes of
     them: path -> (table, files). quality.py's quality.md and safety.md of every run in
-    docs/quality/runs/; its quality.md in a folder of runs of its own; compare.py's results.md
+    data/quality/runs/; its quality.md in a folder of runs of its own; compare.py's results.md
     (or NAME.md beside NAME.json), end_to_end.md and time_to_accuracy.md; bench_ddp_hooks.py's
     tables beside their --json files."""
-    found = {"docs/quality/quality.md": ("quality.main", ["docs/quality/runs/*.json"]),
-             "docs/quality/safety.md": ("quality.safety", ["docs/quality/runs/*.json"]),
-             "docs/quality/lstm-12000-steps/quality.md": ("quality.main",
-                                                          ["docs/quality/runs/lstm-12000-steps.json"])}
-    for path in sorted(glob.glob(os.path.join(ROOT, "docs", "quality", "*", "**", "quality.md"),
+    found = {"data/quality/quality.md": ("quality.main", ["data/quality/runs/*.json"]),
+             "data/quality/safety.md": ("quality.safety", ["data/quality/runs/*.json"]),
+             "data/quality/lstm-12000-steps/quality.md": ("quality.main",
+                                                          ["data/quality/runs/lstm-12000-steps.json"])}
+    for path in sorted(glob.glob(os.path.join(ROOT, RUNS, "quality", "*", "**", "quality.md"),
                               recursive=True)):
         runs = [p for p in sorted(glob.glob(os.path.join(os.path.dirname(path), "*.json")))
                 if _is_run_file(p)]
         if runs:
             found.setdefault(os.path.relpath(path, ROOT),
                              ("quality.main", [os.path.relpath(p, ROOT) for p in runs]))
-    for path in sorted(glob.glob(os.path.join(ROOT, "docs", "results", "**", "*.md"), recursive=True)):
+    for path in sorted(glob.glob(os.path.join(ROOT, RUNS, "results", "**", "*.md"), recursive=True)):
         folder, name = os.path.split(path)
         own = path[:-3] + ".json"
         every = os.path.join(folder, "results.json")
@@ -155,9 +157,9 @@ def outputs() -> dict[str, tuple[str, list[str]]]:
 
 
 def pages() -> list[str]:
-    """README.md and every page under docs/, from the root."""
-    found = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in
-                                   glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
+    """README.md, every page under docs/ and every page kept with runs under data/, from the root."""
+    found = ["README.md"] + sorted(os.path.relpath(p, ROOT) for folder in ("docs", RUNS) for p in
+                                   glob.glob(os.path.join(ROOT, folder, "**", "*.md"), recursive=True))
     made = outputs()
     return [p for p in found if p not in made]
 
@@ -204,14 +206,14 @@ NAMED_FILE = re.compile(r"[\w./*-]+\.(?:json|md|csv|txt|png)\b")
 
 
 def named_files_exist(why: str) -> list[str]:
-    """The files a by-hand reason names (a path from the root, or from docs/) that do not exist."""
+    """The files a by-hand reason names (a path from the root) that do not exist."""
     return [named for named in NAMED_FILE.findall(why)
-            if not any(glob.glob(os.path.join(ROOT, base, named)) for base in ("", "docs"))]
+            if not any(glob.glob(os.path.join(ROOT, base, named)) for base in ("",))]
 
 
 def top_pages() -> list[str]:
-    """The pages a reader reads: README.md and docs/*.md (the folders under docs/ hold runs and the
-    tools' outputs)."""
+    """The pages a reader reads: README.md and docs/*.md (the runs and the tools' outputs are under
+    data/)."""
     return ["README.md"] + sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs"))
                                   if f.endswith(".md"))
 

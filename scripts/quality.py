@@ -526,7 +526,7 @@ def write(results: list[dict], out: str) -> list[dict]:
         json.dump(rows, f, indent=1)
     import grace
 
-    # docs/catalogue.md's "Where each is measured safe" (made from docs/quality/runs/).
+    # docs/catalogue.md's "Where each is measured safe" (made from data/quality/runs/).
     with open(os.path.join(out, "safety.md"), "w") as f:
         f.write(safety_markdown(rows, grace.available()) + "\n")
     plot(rows, os.path.join(out, "quality.png"))

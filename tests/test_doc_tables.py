@@ -1,5 +1,5 @@
 """The docs' measured tables against their data (issue 44 item 6, issue 47 item 11): every
-generated block and every tool output kept under docs/ is what scripts/doc_tables.py makes of its
+generated block and every tool output kept under data/ is what scripts/doc_tables.py makes of its
 run files, and every other table says why it is written by hand."""
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def test_the_docs_have_their_generated_tables():
     assert len(BLOCKS) >= 16 and len(OUTPUTS) >= 56
     # two-bit's end-to-end and exchange rows beside their neighbours, from its own runs
     twobit = [b for b in BLOCKS if b.page == "docs/results.md" and b.name == "compare.summary"]
-    assert [b.files for b in twobit] == [["docs/results/twobit/resnet50.json"],
-                                         ["docs/results/twobit/exchange.json"]]
+    assert [b.files for b in twobit] == [["data/results/twobit/resnet50.json"],
+                                         ["data/results/twobit/exchange.json"]]
     assert all("| twobit |" in b.body for b in twobit)
     # the catalogue's safety table: a row for every compressor of the catalogue
     import grace
@@ -46,7 +46,7 @@ def test_each_generated_table_is_what_its_runs_give(block):
 
 
 @pytest.mark.parametrize("path", sorted(OUTPUTS))
-def test_each_tool_output_kept_in_the_docs_is_what_its_runs_give(path):
+def test_each_tool_output_kept_with_its_runs_is_what_its_runs_give(path):
     table, files = OUTPUTS[path]
     with open(os.path.join(ROOT, path)) as f:
         assert f.read() == doc_tables.output_text(path, table, files)
@@ -72,21 +72,22 @@ def test_every_other_table_says_why_it_is_written_by_hand(page):
 
 def test_the_by_hand_rule_sees_every_table_and_takes_no_empty_or_wrong_reason(tmp_path, monkeypatch):
     """A table in a list item counts; a by-hand line excuses only the table right under it; a
-    blank reason is none; a reason naming a file (from the root or from docs/) that is not there
-    is caught, whatever its extension."""
-    (tmp_path / "docs" / "results").mkdir(parents=True)
-    (tmp_path / "docs" / "results" / "kept.json").write_text("[]")
+    blank reason is none; a reason naming a file (a path from the root) that is not there is caught,
+    whatever its extension, also a run's path as a page under docs/ once named it."""
+    (tmp_path / "data" / "results").mkdir(parents=True)
+    (tmp_path / "data" / "results" / "kept.json").write_text("[]")
+    (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "page.md").write_text("\n".join([
         "<!-- by hand: not a measurement: settings -->", "| a | b |", "|---|---|", "",
         "- in a list:", "", "  | c |", "  |---|", "",
-        "<!-- by hand: from results/kept.json -->", "", "| d |", "|---|", "",
+        "<!-- by hand: from data/results/kept.json -->", "", "| d |", "|---|", "",
         "<!-- by hand:    -->", "| e |", "|---|", ""]))
     monkeypatch.setattr(doc_tables, "ROOT", str(tmp_path))
     assert doc_tables.hand_tables("docs/page.md") == [
         (2, "not a measurement: settings"), (7, None), (12, None), (16, None)]
-    assert doc_tables.named_files_exist("from results/kept.json and docs/results/kept.json") == []
-    assert doc_tables.named_files_exist("from results/gone.json, docs/x.csv and notes.txt") == [
-        "results/gone.json", "docs/x.csv", "notes.txt"]
+    assert doc_tables.named_files_exist("from data/results/kept.json and data/results/k*.json") == []
+    assert doc_tables.named_files_exist("from results/kept.json, data/x.csv and notes.txt") == [
+        "results/kept.json", "data/x.csv", "notes.txt"]
 
 
 @pytest.mark.parametrize("text, error", [
@@ -110,18 +111,18 @@ def test_a_malformed_block_is_an_error_not_a_table_left_unchecked(tmp_path, monk
 
 
 def test_every_tool_output_beside_its_runs_is_checked_or_said_to_be_apart():
-    """A page X.md kept beside its runs X.json under docs/ is one of the checked outputs, or one
+    """A page X.md kept beside its runs X.json under data/ is one of the checked outputs, or one
     whose tool cannot make it from that file (named here, with why)."""
     apart = {
         # make bench's stdout, tee'd; bench_compressors writes its JSON with fewer columns
-        "docs/performance/bench.md": "bench_compressors.py prints it; no --from-json",
-        "docs/results/cuda/bench_cuda.md": "the same, on a lent GPU",
+        "data/performance/bench.md": "bench_compressors.py prints it; no --from-json",
+        "data/results/cuda/bench_cuda.md": "the same, on a lent GPU",
         # cost_model.py writes model.json beside model.md: its output, made from make bench's JSON
-        "docs/results/alltoall/model.md": "cost_model.py --out, not from model.json",
-        "docs/results/model/model.md": "the same",
+        "data/results/alltoall/model.md": "cost_model.py --out, not from model.json",
+        "data/results/model/model.md": "the same",
     }
     beside = {os.path.relpath(md, ROOT)
-              for md in glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)
+              for md in glob.glob(os.path.join(ROOT, "data", "**", "*.md"), recursive=True)
               if os.path.exists(md[:-3] + ".json")}
     assert beside - set(OUTPUTS) == set(apart)
 
@@ -129,8 +130,9 @@ def test_every_tool_output_beside_its_runs_is_checked_or_said_to_be_apart():
 def test_a_changed_figure_or_run_fails_the_check_and_the_generator_mends_it(tmp_path, monkeypatch):
     """The check is not blind: a figure typed over a generated table, or a run file changed under
     it, is reported; the generator then writes the page back to what its data give."""
-    docs = tmp_path / "docs"
+    docs, recorded = tmp_path / "docs", tmp_path / "data"
     shutil.copytree(os.path.join(ROOT, "docs"), docs)
+    shutil.copytree(os.path.join(ROOT, "data"), recorded)
     shutil.copy(os.path.join(ROOT, "README.md"), tmp_path / "README.md")
     monkeypatch.setattr(doc_tables, "ROOT", str(tmp_path))
     assert doc_tables.differences() == []
@@ -143,19 +145,19 @@ def test_a_changed_figure_or_run_fails_the_check_and_the_generator_mends_it(tmp_
     (found,) = doc_tables.differences()
     assert "-| topk(ratio=0.01) | 45.1 |" in found and "+| topk(ratio=0.01) | 41.1 |" in found
     assert doc_tables.main([]) == 0 and page.read_text() == text
-    runs = docs / "results" / "twobit" / "exchange.json"
+    runs = recorded / "results" / "twobit" / "exchange.json"
     data = json.loads(runs.read_text())
     for run in data:
         run["step_s"] *= 2
     runs.write_text(json.dumps(data))
     assert [d.splitlines()[0] for d in doc_tables.differences()] == [
-        "--- docs/results.md: compare.summary docs/results/twobit/exchange.json"]
+        "--- docs/results.md: compare.summary data/results/twobit/exchange.json"]
     assert doc_tables.main(["--check"]) == 1
     assert doc_tables.main([]) == 0 and doc_tables.differences() == []  # the page follows its runs
     # an output file of a tool kept beside its runs: an edit is found, and undone
-    output = docs / "results" / "results.md"
+    output = recorded / "results" / "results.md"
     kept = output.read_text()
     output.write_text(kept + "| typed | by | hand |\n")
-    assert [d.splitlines()[0] for d in doc_tables.differences()] == ["--- docs/results/results.md"]
+    assert [d.splitlines()[0] for d in doc_tables.differences()] == ["--- data/results/results.md"]
     assert doc_tables.main(["--check"]) == 1
     assert doc_tables.main([]) == 0 and output.read_text() == kept

@@ -13,8 +13,9 @@ import sys
 
 from tests.launch import ROOT
 
-DOCS = ["README.md", "Makefile"] + [os.path.join(folder, name)
-                                    for folder, _, names in os.walk(os.path.join(ROOT, "docs"))
+# The pages (docs/) and the pages kept with the recorded runs (data/), as the README says.
+DOCS = ["README.md", "Makefile"] + [os.path.join(folder, name) for top in ("docs", "data")
+                                    for folder, _, names in os.walk(os.path.join(ROOT, top))
                                     for name in names if name.endswith(".md")]
 
 
@@ -117,3 +118,30 @@ def test_a_harness_command_runs_from_the_checkout_without_a_path_set():
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "usage:" in done.stdout
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_every_link_between_the_pages_and_the_runs_leads_to_a_file():
+    """A relative link of any page (README, CHANGELOG, docs/, the pages kept with the runs under
+    data/) names a file or folder that is there: the pages link the runs in data/ as ``../data/``,
+    and a run folder moved or renamed without its links fails here."""
+    pages = subprocess.run(["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    links, broken = 0, []
+    for page in pages:
+        with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+            text = f.read()
+        for target in LINK.findall(text):
+            target = target.split("#")[0]
+            if not target or "://" in target or target.startswith("mailto:"):
+                continue
+            links += 1
+            if not os.path.exists(os.path.join(ROOT, os.path.dirname(page), target)):
+                broken.append(f"{page}: {target}")
+    assert links > 100 and broken == []
+    tracked = subprocess.run(["git", "ls-files", "docs"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    assert not [p for p in tracked if p.count("/") > 1], \
+        "docs/ holds the pages only; a study's runs and what its tools made of them go under data/"

@@ -185,13 +185,13 @@ def test_signsgd_says_at_construction_that_its_shortfall_is_inherent_and_names_w
 
 
 def safety_cells() -> dict[str, dict[str, str]]:
-    """Per compressor, per case, its cell of docs/quality/safety.md (generated from the recorded
+    """Per compressor, per case, its cell of data/quality/safety.md (generated from the recorded
     runs, held to them by test_doc_tables.py): "PyTorch / TensorFlow", each ✓, ✗ and the gap,
     or –."""
     from scripts.quality import SAFETY_CASES
     from tests.launch import ROOT
 
-    with open(os.path.join(ROOT, "docs", "quality", "safety.md")) as f:
+    with open(os.path.join(ROOT, "data", "quality", "safety.md")) as f:
         rows = [line.strip().strip("|").split("|") for line in f if line.startswith("| ")]
     header, body = rows[0], rows[1:]
     assert [c.strip() for c in header[1:]] == [label for _, _, label in SAFETY_CASES]

@@ -153,23 +153,23 @@ def test_a_ddp_run_given_its_momentum_sits_beside_horovods_run_with_the_same_oth
 
 
 def test_the_quality_tables_are_what_the_recorded_runs_give(tmp_path):
-    """docs/quality/quality.md and quality_summary.json are regenerated from docs/quality/runs/ by
+    """data/quality/quality.md and quality_summary.json are regenerated from data/quality/runs/ by
     the command docs/quality.md gives: a run added, or a table edited, without the other fails."""
     import glob
     import json
 
-    runs = sorted(glob.glob(os.path.join(ROOT, "docs", "quality", "runs", "*.json")))
+    runs = sorted(glob.glob(os.path.join(ROOT, "data", "quality", "runs", "*.json")))
     assert runs
     with open(os.path.join(ROOT, "docs", "quality.md"), encoding="utf-8") as f:
-        assert "-m scripts.quality --out docs/quality --from-json docs/quality/runs/*.json" in f.read()
+        assert "-m scripts.quality --out data/quality --from-json data/quality/runs/*.json" in f.read()
     quality.main(["--out", str(tmp_path), "--from-json", *runs])
     for name in ("quality.md", "quality_summary.json", "safety.md"):
-        with open(os.path.join(ROOT, "docs", "quality", name), encoding="utf-8") as f:
+        with open(os.path.join(ROOT, "data", "quality", name), encoding="utf-8") as f:
             committed = f.read()
         regenerated = (tmp_path / name).read_text(encoding="utf-8")
         if name.endswith(".json"):
             committed, regenerated = json.loads(committed), json.loads(regenerated)
-        assert regenerated == committed, f"docs/quality/{name} is not what its runs give"
+        assert regenerated == committed, f"data/quality/{name} is not what its runs give"
 
 
 def test_a_safety_cell_is_the_mean_over_seeds_against_the_cases_target():

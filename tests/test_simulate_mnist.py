@@ -60,7 +60,7 @@ def result(run):
 
 
 def test_one_pass_of_uncompressed_adam_trains(runs):
-    """Fp32 with Adam ends its first pass at 0.859 here (docs/quality/randomk-adam-remedies.json),
+    """Fp32 with Adam ends its first pass at 0.859 here (data/quality/randomk-adam-remedies.json),
     as the quality benchmark's real workers do (0.85-0.86). 0.82 leaves room for another machine's
     rounding and still fails a run that did not learn (0.10 is chance)."""
     out = result(runs["adam"])
@@ -72,7 +72,7 @@ def test_four_workers_train_through_the_shards_owners_as_well_as_gathered(runs):
     """Top-k(0.01) through the owners at 4 workers ends its first pass no more than 5 points
     below the same compressor gathered, same seed and length (seed 0: 0.807 against 0.790 on
     one machine, 0.813 against 0.777 on another; 4 real workers reached 0.797 through the owners,
-    docs/results/alltoall/mnist-4workers.json): the bound is the seeds' spread above. A run
+    data/results/alltoall/mnist-4workers.json): the bound is the seeds' spread above. A run
     whose owners lost the exchange ends near 0.10."""
     owners, gathered = result(runs["owners"]), result(runs["gathered"])
     assert owners["workers"] == gathered["workers"] == 4 and gathered["accuracy"][0] >= 0.75

@@ -25,7 +25,7 @@ class DGC(Seeded, TopK):
     Distributed Training", ICLR 2018."""
 
     name = "dgc"
-    # Measured by the quality benchmark (docs/quality.md, docs/quality/safety.md).
+    # Measured by the quality benchmark (docs/quality.md, data/quality/safety.md).
     shortfalls = {
         "lstm-sgd": "+4.7% (PyTorch) and +10% (TensorFlow) perplexity at 4,000 steps, +2.8% and "
                     "+6.0% at three times the steps: over an optimizer without momentum it applies "

@@ -25,7 +25,7 @@ class QSGD(Seeded, Tabled, Compressor):
     512 in its experiments)."""
 
     name = "qsgd"
-    # Measured by the quality benchmark (docs/quality.md, docs/quality/safety.md).
+    # Measured by the quality benchmark (docs/quality.md, data/quality/safety.md).
     shortfalls = {
         "words-sgd": "+12.9% perplexity in PyTorch (the mean of three seeds, +12-14%; "
                      "TensorFlow's run matches uncompressed training): at 7 levels its unbiased "

@@ -30,7 +30,7 @@ class RandomK(Seeded, Sparse, Compressor):
     default_memory = "delayed"
     default_communicator = "allreduce"
     encodes_rows = False
-    # Measured by the quality benchmark (docs/quality.md, docs/quality/safety.md).
+    # Measured by the quality benchmark (docs/quality.md, data/quality/safety.md).
     shortfalls = {
         "lstm-sgd": "+2.0% (PyTorch) and +8.6% (TensorFlow) perplexity at 4,000 steps "
                     "(PyTorch's the mean of two seeds, the target's edge; +1.8% on a third), "

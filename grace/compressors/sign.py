@@ -65,7 +65,7 @@ class SignSGD(Compressor):
     ``op=Average`` applies the vote itself and ``op=Sum`` that many times."""
 
     name = "signsgd"
-    # Measured by the quality benchmark (docs/quality.md, docs/quality/safety.md).
+    # Measured by the quality benchmark (docs/quality.md, data/quality/safety.md).
     shortfalls = {
         "cnn-sgd": "3.0 points below in PyTorch (the quality benchmark's runs; 2.7-3 at every "
                    "learning rate and length tried; TensorFlow's run met its target): it sends each "
@@ -191,7 +191,7 @@ class EFSignSGD(Tabled, Compressor):
     Blockwise Momentum SGD with Error-Feedback", NeurIPS 2019 (blockwise scales)."""
 
     name = "efsignsgd"
-    # Measured by the quality benchmark (docs/quality.md, docs/quality/safety.md).
+    # Measured by the quality benchmark (docs/quality.md, data/quality/safety.md).
     shortfalls = {
         "lstm-sgd": "+2.9% perplexity in TensorFlow at 4,000 steps, where PyTorch's run ends within "
                     "1.2%: from Keras's initial weights it learns more slowly (PyTorch from the "
@@ -239,7 +239,7 @@ class OneBit(Tabled, Compressor):
     its Application to Data-Parallel Distributed Training of Speech DNNs", Interspeech 2014."""
 
     name = "onebit"
-    # Measured by the quality benchmark (docs/quality.md, docs/quality/safety.md).
+    # Measured by the quality benchmark (docs/quality.md, data/quality/safety.md).
     shortfalls = {
         "lstm-sgd": "+4.5% perplexity in TensorFlow at 4,000 steps, where PyTorch's run ends within "
                     "0.3%: from Keras's initial weights it learns more slowly (PyTorch from the "

@@ -20,7 +20,7 @@ class TernGrad(Seeded, Compressor):
     Reduce Communication in Distributed Deep Learning", NeurIPS 2017."""
 
     name = "terngrad"
-    # Measured by the quality benchmark (docs/quality.md, docs/quality/safety.md).
+    # Measured by the quality benchmark (docs/quality.md, data/quality/safety.md).
     shortfalls = {
         "words-sgd": "+116% perplexity (PyTorch), rising after its first epochs: one scale per "
                      "layer, clipped at 2.5 standard deviations, cannot carry the output layer's "

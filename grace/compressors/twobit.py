@@ -37,7 +37,7 @@ class TwoBit(Tabled, Compressor):
     name = "twobit"
     default_memory = "momentum"  # error feedback on the velocity, SGD's momentum taken over
     default_communicator = "allgather"
-    # Measured by the quality benchmark (docs/quality.md, docs/quality/safety.md).
+    # Measured by the quality benchmark (docs/quality.md, data/quality/safety.md).
     shortfalls = {
         "lstm-sgd": "+4.2% perplexity (TensorFlow; PyTorch +0.7%) at 4,000 steps, +4.4% at 8,000: "
                     "from Keras's initial weights, not the framework (PyTorch's LSTM started from "

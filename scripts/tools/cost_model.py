@@ -23,8 +23,8 @@ encode/decode times on ResNet-50's gradients come from ``make bench`` (``--bench
 of collectives per step from grace's own buckets and rounds, the compute time and α from the
 emulated cluster (``--validate``).
 
-    .venv/bin/python -m scripts.tools.cost_model --out docs/results/model        # tables and plots
-    .venv/bin/python -m scripts.tools.cost_model --validate docs/results/onepass/exchange-torch.json
+    .venv/bin/python -m scripts.tools.cost_model --out data/results/model        # tables and plots
+    .venv/bin/python -m scripts.tools.cost_model --validate data/results/onepass/exchange-torch.json
 
 ``--validate`` sets the model against measured runs of ``compare.py`` (the exchange workload,
 their workers, link rate, compute and payload): predicted and measured step time and bytes on
@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from scripts import ROOT, plots, workloads
 
-BENCH = os.path.join(ROOT, "docs", "performance", "bench.json")
+BENCH = os.path.join(ROOT, "data", "performance", "bench.json")
 RATES = {"100mbit": 100e6 / 8, "1gbit": 1e9 / 8, "10gbit": 10e9 / 8, "100gbit": 100e9 / 8}
 # What an unshaped veth pair of the emulated cluster carries on this machine (docs/results.md,
 # "The emulated cluster"), bytes/s: the link time subtracted from an unshaped run's exchange.
@@ -60,7 +60,7 @@ HOP_S = 50e-6
 COMMUNICATORS = ("allreduce", "allgather", "alltoall")
 # Horovod's own control traffic on a host's link (sent + received), per second of training: the
 # coordinator's negotiation every cycle. Measured on the emulated cluster, 2 workers, 1 ms cycle
-# (eth0's counters less the payloads, docs/results/onepass: 0.47-0.73 MB/s over six runs).
+# (eth0's counters less the payloads, data/results/onepass: 0.47-0.73 MB/s over six runs).
 CONTROL_BYTES_PER_S = 0.6e6
 
 

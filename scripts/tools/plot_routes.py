@@ -3,8 +3,8 @@ one panel per compressor, its metric against the epoch, a line per communicator 
 the shards' owners, hierarchical), Horovod's fp32 in grey in every panel, and in a table the final
 value of each and its difference to the first route.
 
-    .venv/bin/python -m scripts.tools.plot_routes docs/results/alltoall/mnist-4workers.json \\
-        --out docs/results/alltoall/mnist-4workers.png
+    .venv/bin/python -m scripts.tools.plot_routes data/results/alltoall/mnist-4workers.json \\
+        --out data/results/alltoall/mnist-4workers.png
 
 With ``--seeds``, runs of several seeds (``compare.py --seed``): per compressor and route, the
 difference to the first route's run of the same seed (the mean of its runs where a seed has

@@ -4,7 +4,7 @@ collective is in flight until the optimizer collects it (``finish_step``). It sh
 starting while backward is still running.
 
     .venv/bin/horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python -m scripts.tools.timeline \\
-        --out docs/results/fused/timeline
+        --out data/results/fused/timeline
 
 ``--model mlp``: a 12-layer MLP (1024 wide, 12.6 M parameters) on random data, SGD,
 ``grace.topk(0.01)`` with ``bucket_bytes`` of 8 MiB (so that its 48 MiB of gradients make several
