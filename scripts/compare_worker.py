@@ -59,7 +59,7 @@ def parse_args(argv=None):
     parser.add_argument("--clip", type=float, default=None,
                         help="the LSTM's gradient clipping norm (default: the workload's; 0: none)")
     parser.add_argument("--init", choices=("default", "glorot"), default="default",
-                        help="mnist and lstm, PyTorch: glorot initializes the layers as Keras does "
+                        help="mnist, lstm and words, PyTorch: glorot initializes the layers as Keras does "
                              "(Dense: Glorot-uniform weights, zero biases; LSTM: Glorot-uniform "
                              "input weights, orthogonal recurrent ones, zero biases but the forget "
                              "gate's 1; Embedding: uniform in +-0.05) instead of PyTorch's own")
@@ -293,6 +293,8 @@ def run_torch(args, spec):
                 return self.out(torch.relu(self.hidden(self.embed(x).flatten(1))))
 
         model = WordModel()
+        if args.init == "glorot":
+            keras_init_words(model.embed, model.hidden, model.out)
         # No momentum: PyTorch's optimizers other than SGD refuse sparse gradients, and the sparse
         # embedding models of Horovod's examples train with plain SGD.
         base = torch_optimizer(args, model.parameters(), learning_rate(args, cfg), 0.0)
@@ -485,6 +487,18 @@ def keras_init_lstm(embed, lstm, out) -> None:
         torch.nn.init.zeros_(lstm.bias_ih_l0)
         torch.nn.init.zeros_(lstm.bias_hh_l0)
         lstm.bias_ih_l0[hidden:2 * hidden] = 1.0
+    keras_init_dense(out)
+
+
+def keras_init_words(embed, hidden, out) -> None:
+    """Keras's initialization of the word model's layers, on PyTorch's (``--init glorot``):
+    ``Embedding`` uniform in [-0.05, 0.05] (PyTorch's is a unit normal, 20-35 times larger);
+    both ``Dense`` layers Glorot-uniform, zero bias."""
+    import torch
+
+    with torch.no_grad():
+        torch.nn.init.uniform_(embed.weight, -0.05, 0.05)
+    keras_init_dense(hidden)
     keras_init_dense(out)
 
 

@@ -551,7 +551,7 @@ def main(argv=None):
                              "keeps it (a user who changed nothing), or the compressor is given it "
                              "and the optimizer none (what docs/ddp.md tells a DDP user)")
     parser.add_argument("--init", choices=("default", "glorot"), default="default",
-                        help="PyTorch's runs of mnist and the LSTM: glorot starts from Keras's "
+                        help="PyTorch's runs of mnist, the LSTM and words: glorot starts from Keras's "
                              "initial weights (compare_worker.py --init); a set-up of its own, "
                              "labelled [Keras init], outside the safety table")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")

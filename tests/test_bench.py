@@ -88,3 +88,59 @@ def test_unknown_compressor_is_refused_by_name():
                          text=True, timeout=300, cwd=ROOT)
     assert run.returncode == 2
     assert "--compressors: 'nope' is not one of" in run.stderr and "topk" in run.stderr
+
+
+def _row(framework, compressor, compress_ms, decompress_ms, copy_ms, case="flat 10"):
+    return {"framework": framework, "device": "cpu", "case": case, "compressor": compressor,
+            "compress_s": compress_ms / 1e3, "decompress_s": decompress_ms / 1e3, "copy_s": copy_ms / 1e3}
+
+
+def test_two_checkouts_are_benched_in_turn_and_tabled_after_over_before(monkeypatch, capsys):
+    """``--before``: each side is a process of its own run ``--sides`` times in turn, given the
+    catalogue's options; a row gives each side's median of compress + decompress, after / before
+    (not before / after), the range of the paired runs' ratios and the copy's ratio; a compressor
+    that failed on a side, or that one side lacks, gets no row. The sides' times are set here."""
+    from scripts.tools import bench_compressors
+
+    before = [[_row("torch", "topk", 3, 1, 10), _row("tf", "qsgd", 5, 5, 10), _row("torch", "old", 1, 1, 1)],
+              [_row("torch", "topk", 4, 2, 20), _row("tf", "qsgd", 6, 6, 10)],
+              [_row("torch", "topk", 5, 3, 10), _row("tf", "qsgd", 4, 4, 10)]]
+    after = [[_row("torch", "topk", 1, 1, 10), _row("tf", "qsgd", 10, 10, 10)],
+             [_row("torch", "topk", 2, 1, 30), {**_row("tf", "qsgd", 1, 1, 1), "error": "ValueError: x"}],
+             [_row("torch", "topk", 3, 1, 10), _row("tf", "qsgd", 8, 8, 10)]]
+    calls = []
+
+    def side(script, root, *args):
+        calls.append((root, args))
+        return (before if root == "/b" else after)[sum(r == root for r, _ in calls) - 1]
+
+    monkeypatch.setattr(bench_compressors, "measure_side", side)
+    monkeypatch.setattr(bench_compressors, "_commit", lambda root: root.strip("/"))
+    report = bench_compressors.main(["--before", "/b", "--after", "/a", "--compressors", "topk,qsgd",
+                                     "--frameworks", "torch,tf", "--model", "none", "--numel", "10",
+                                     "--sides", "3"])
+    assert [root for root, _ in calls] == ["/b", "/a"] * 3
+    assert calls[0][1] == ("--compressors", "topk,qsgd", "--frameworks", "torch,tf", "--numel", "10",
+                           "--model", "none", "--repeats", "9", "--warmup", "5")
+    assert report["runs"] == {"before": before, "after": after} and report["before"] == "b"
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    # topk: before 4, 6, 8 (median 6), after 2, 3, 4 (median 3); pairs 0.5 each; copy 10/20/10 both
+    # qsgd: its second run after failed, so it has no row (a median of two runs is not the table's)
+    assert table[1:] == ["| torch | flat 10 | topk | 6.0 | 3.0 | 0.500 | 0.50-0.50 | 1.00 |"]
+
+
+def test_a_side_is_benched_through_the_checkout_it_names(tmp_path):
+    """``--measure DIR`` (one side of ``--before``) imports the grace of the checkout it names,
+    says so by refusing any other, and prints the catalogue's rows as its last line."""
+    def measure(root):
+        return subprocess.run([sys.executable, *SCRIPT, "--measure", root, "--compressors", "topk",
+                               "--frameworks", "torch", "--model", "none", "--numel", "5000",
+                               "--repeats", "1", "--warmup", "1"],
+                              capture_output=True, text=True, timeout=300, cwd=ROOT)
+    done = measure(ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (row["framework"], row["compressor"], row["case"]) == ("torch", "topk", "flat 5,000")
+    assert row["compress_s"] > 0 and row["payload_bytes"] == 50 * 8  # 1% of 5,000: values, indices
+    wrong = measure(str(tmp_path))
+    assert wrong.returncode != 0 and "AssertionError" in wrong.stderr

@@ -73,3 +73,22 @@ def test_keras_initialization_of_the_lstm_is_keras_defaults():
         out_bound = (6 / (128 + 65)) ** 0.5
         assert 0.9 * out_bound < float(out.weight.abs().max()) <= out_bound
         assert not out.bias.any()
+
+
+def test_keras_initialization_of_the_word_model_is_keras_defaults():
+    """``--init glorot`` on the word model: the sparse embedding uniform in ±0.05 (PyTorch's own is
+    a unit normal), both dense layers Glorot-uniform within sqrt(6 / (fan_in + fan_out)) and spread
+    to near it, their biases zero."""
+    import torch
+
+    torch.manual_seed(0)
+    embed = torch.nn.Embedding(4096, 64, sparse=True)
+    hidden, out = torch.nn.Linear(8 * 64, 256), torch.nn.Linear(256, 4096)
+    compare_worker.keras_init_words(embed, hidden, out)
+    with torch.no_grad():
+        assert 0.049 < float(embed.weight.abs().max()) <= 0.05
+        assert abs(float(embed.weight.std()) - 0.05 / 3 ** 0.5) < 0.001  # uniform, not a normal
+        for layer, fans in ((hidden, 512 + 256), (out, 256 + 4096)):
+            bound = (6 / fans) ** 0.5
+            assert 0.99 * bound < float(layer.weight.abs().max()) <= bound
+            assert not layer.bias.any()

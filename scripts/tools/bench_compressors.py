@@ -21,6 +21,17 @@ Output: a markdown table on stdout; ``--json FILE``, ``--plot FILE.png``.
 
     python -m scripts.tools.bench_compressors                       # every compressor, torch and tf
     python -m scripts.tools.bench_compressors --compressors topk,qsgd --frameworks torch --numel 1000000
+
+Two checkouts side by side (did a change to the code around the algorithms make compression
+slower?): ``--before DIR`` runs the catalogue through the checkout at ``DIR`` and through this one
+(or ``--after DIR``), each in a process of its own importing that checkout's grace, interleaved,
+``--sides`` times each; the table gives each side's median (compress + decompress) and the ratio
+after / before with the range of the repeats' ratios (``sides_markdown``). Time nothing else
+meanwhile.
+
+    git worktree add /tmp/before <commit>
+    python -m scripts.tools.bench_compressors --before /tmp/before --model none --numel 2000000 \\
+        --json data/performance/bench-sides.json
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,6 +55,7 @@ from scripts import (
     ROOT,
     workloads,
 )
+from scripts.tools.checkout_sides import assert_imported_from, measure_side
 
 TARGET_2 = ("topk", "randomk", "signsgd", "onebit", "terngrad", "qsgd")
 
@@ -459,6 +472,66 @@ def plot(rows: list[dict], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+# --- two checkouts side by side ------------------------------------------------------------------
+def _commit(root: str) -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                          text=True)
+    return done.stdout.strip() or "?"
+
+
+def bench_sides(args) -> dict:
+    """The catalogue through the checkouts ``args.before`` and ``args.after``, each side in a
+    process of its own, taking turns ``args.sides`` times: every run's rows, and each side's
+    commit."""
+    forwarded = ["--compressors", ",".join(args.compressors), "--frameworks", ",".join(args.frameworks),
+                 "--numel", str(args.numel), "--model", args.model or "none",
+                 "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
+    forwarded += ["--devices", args.devices] if args.devices else []
+    runs: dict[str, list[list[dict]]] = {"before": [], "after": []}
+    with tqdm(total=2 * args.sides, desc="checkouts") as bar:
+        for _ in range(args.sides):
+            for side in ("before", "after"):
+                runs[side].append(measure_side(__file__, getattr(args, side), *forwarded))
+                bar.update()
+    return {"before": _commit(args.before), "after": _commit(args.after),
+            "options": forwarded, "runs": runs}
+
+
+def sides_markdown(report: dict) -> str:
+    """A row per framework, device, case and compressor that both sides measured without error:
+    each side's median (compress + decompress) ms over its runs, the ratio after / before, and the
+    range of the ratios of the runs taken in turn (run i of one side against run i of the other);
+    the plain copy's the same way, for the state of the machine."""
+    def key(row):
+        return row["framework"], row["device"], row["case"], row["compressor"]
+
+    def cost(row, what):
+        return row["copy_s"] if what == "copy" else row["compress_s"] + row["decompress_s"]
+
+    by = {side: [{key(r): r for r in run if "error" not in r} for run in runs]
+          for side, runs in report["runs"].items()}
+    keys = [key(r) for r in report["runs"]["after"][0]
+            if all(key(r) in run for side in by.values() for run in side)]
+    lines = [f"Before {report['before']}, after {report['after']}; medians of {len(by['after'])} "
+             f"runs a side, taken in turn ({' '.join(report['options'])})", "",
+             "| framework | case | compressor | before ms | after ms | after / before | range "
+             "| copy after / before |", "|---|---|---|---:|---:|---:|---|---:|"]
+    for k in keys:
+        figures = {}
+        for what in ("codec", "copy"):
+            pairs = [(cost(b[k], what), cost(a[k], what)) for b, a in zip(by["before"], by["after"])]
+            before = statistics.median(b for b, _ in pairs)
+            after = statistics.median(a for _, a in pairs)
+            figures[what] = before, after, [a / b for b, a in pairs]
+        (before, after, ratios), (copy_b, copy_a, _) = figures["codec"], figures["copy"]
+        framework, device, case, compressor = k
+        where = framework if device == "cpu" else f"{framework} {device}"
+        lines.append(f"| {where} | {case} | {compressor} | {before * 1e3:.1f} | {after * 1e3:.1f} | "
+                     f"{after / before:.3f} | {min(ratios):.2f}-{max(ratios):.2f} | "
+                     f"{copy_a / copy_b:.2f} |")
+    return "\n".join(lines)
+
+
 def _fixed_allocator() -> None:
     """Re-run this script with glibc's allocator in the state a long training run settles in: glibc
     raises its mmap threshold as large blocks are freed, up to 32 MiB (and the trim threshold to
@@ -467,8 +540,9 @@ def _fixed_allocator() -> None:
     heap, and the same copy then takes 7 or 50 ms from one repeat to the next; pinned, the figures
     are repeatable."""
     if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None and sys.platform.startswith("linux"):
+        # A side of a comparison keeps its path: its checkout's grace first (checkout_sides).
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(32 << 20), MALLOC_TRIM_THRESHOLD_=str(64 << 20),
-                   PYTHONPATH=ROOT)
+                   PYTHONPATH=os.environ.get("PYTHONPATH") or ROOT)
         os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]], env)
 
 
@@ -489,12 +563,24 @@ def main(argv=None) -> dict:
     parser.add_argument("--skip-catalogue", action="store_true")
     parser.add_argument("--json", help="write every figure to this file")
     parser.add_argument("--plot", help="bar chart of (compress + decompress) / copy, PNG")
+    parser.add_argument("--before", metavar="DIR",
+                        help="the checkout to compare with: the catalogue through both, in turns")
+    parser.add_argument("--after", metavar="DIR", default=ROOT,
+                        help="with --before: the other checkout (default: this one)")
+    parser.add_argument("--sides", type=int, default=3, help="with --before: runs a side (default 3)")
     parser.add_argument("--overhead-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--measure", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.overhead_worker:
         overhead_worker(args.repeats)
         return {}
     args.compressors = [c.strip() for c in args.compressors.split(",") if c.strip()]
+    if args.measure:  # one side of --before: this process imports that checkout's grace
+        assert_imported_from(args.measure)
+        args.frameworks = args.frameworks.split(",")
+        args.model = None if args.model == "none" else args.model
+        print("\n" + json.dumps(bench_catalogue(args)))
+        return {}
     for c in args.compressors:
         if c not in grace.available():
             parser.error(f"--compressors: {c!r} is not one of {', '.join(grace.available())}")
@@ -508,6 +594,13 @@ def main(argv=None) -> dict:
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     report: dict = {}
+    if args.before:
+        report = bench_sides(args)
+        print(sides_markdown(report))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+        return report
     if not args.skip_catalogue:
         rows = bench_catalogue(args)
         report["catalogue"] = rows
