@@ -282,19 +282,7 @@ def run_torch(args, spec):
         cfg = workloads.WORDS
         train, valid = workloads.shakespeare_words(cfg["context"], cfg["vocab"])
 
-        class WordModel(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.embed = torch.nn.Embedding(cfg["vocab"], cfg["embed"], sparse=True)
-                self.hidden = torch.nn.Linear(cfg["context"] * cfg["embed"], cfg["hidden"])
-                self.out = torch.nn.Linear(cfg["hidden"], cfg["vocab"])
-
-            def forward(self, x):
-                return self.out(torch.relu(self.hidden(self.embed(x).flatten(1))))
-
-        model = WordModel()
-        if args.init == "glorot":
-            keras_init_words(model.embed, model.hidden, model.out)
+        model = torch_word_model(args.init)
         # No momentum: PyTorch's optimizers other than SGD refuse sparse gradients, and the sparse
         # embedding models of Horovod's examples train with plain SGD.
         base = torch_optimizer(args, model.parameters(), learning_rate(args, cfg), 0.0)
@@ -488,6 +476,30 @@ def keras_init_lstm(embed, lstm, out) -> None:
         torch.nn.init.zeros_(lstm.bias_hh_l0)
         lstm.bias_ih_l0[hidden:2 * hidden] = 1.0
     keras_init_dense(out)
+
+
+def torch_word_model(init: str = "default"):
+    """The word model in PyTorch (``workloads.WORDS``): a sparse embedding of the context's words,
+    flattened, a hidden ReLU layer, the next word's logits; ``init="glorot"`` starts it from
+    Keras's initial weights (``keras_init_words``)."""
+    import torch
+
+    cfg = workloads.WORDS
+
+    class WordModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(cfg["vocab"], cfg["embed"], sparse=True)
+            self.hidden = torch.nn.Linear(cfg["context"] * cfg["embed"], cfg["hidden"])
+            self.out = torch.nn.Linear(cfg["hidden"], cfg["vocab"])
+
+        def forward(self, x):
+            return self.out(torch.relu(self.hidden(self.embed(x).flatten(1))))
+
+    model = WordModel()
+    if init == "glorot":
+        keras_init_words(model.embed, model.hidden, model.out)
+    return model
 
 
 def keras_init_words(embed, hidden, out) -> None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from scripts import compare, quality
 from scripts import time_to_accuracy as tta
-from scripts.tools import bench_ddp_hooks, ddp_hook_time
+from scripts.tools import bench_compressors, bench_ddp_hooks, ddp_hook_time
 
 ROOT = compare.ROOT
 RUNS = "data"  # the recorded runs, one folder per study, with what the tools made of them
@@ -103,6 +103,8 @@ TABLES: dict[str, Table] = {
                        "one --json file of bench_ddp_hooks.py"),
     "ddp_hook_time": Table(lambda p: ddp_hook_time.markdown(_json(*p)),
                            "one --json file of ddp_hook_time.py"),
+    "bench.sides": Table(lambda p: bench_compressors.sides_markdown(_json(*p)),
+                         "one --json file of bench_compressors.py --before: two checkouts"),
     "ddp_hooks.compare": Table(lambda p: bench_ddp_hooks.comparison(*map(_json, p)),
                                "two --json files of bench_ddp_hooks.py: before, after"),
 }

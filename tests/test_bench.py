@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -105,9 +106,10 @@ def test_two_checkouts_are_benched_in_turn_and_tabled_after_over_before(monkeypa
     before = [[_row("torch", "topk", 3, 1, 10), _row("tf", "qsgd", 5, 5, 10), _row("torch", "old", 1, 1, 1)],
               [_row("torch", "topk", 4, 2, 20), _row("tf", "qsgd", 6, 6, 10)],
               [_row("torch", "topk", 5, 3, 10), _row("tf", "qsgd", 4, 4, 10)]]
-    after = [[_row("torch", "topk", 1, 1, 10), _row("tf", "qsgd", 10, 10, 10)],
-             [_row("torch", "topk", 2, 1, 30), {**_row("tf", "qsgd", 1, 1, 1), "error": "ValueError: x"}],
-             [_row("torch", "topk", 3, 1, 10), _row("tf", "qsgd", 8, 8, 10)]]
+    after = [[_row("torch", "topk", 2, 0, 20), _row("tf", "qsgd", 10, 10, 10), _row("tf", "new", 1, 1, 1)],
+             [_row("torch", "topk", 2, 1, 40), {**_row("tf", "qsgd", 1, 1, 1), "error": "ValueError: x"},
+              _row("tf", "new", 1, 1, 1)],
+             [_row("torch", "topk", 3, 3, 20), _row("tf", "qsgd", 8, 8, 10), _row("tf", "new", 1, 1, 1)]]
     calls = []
 
     def side(script, root, *args):
@@ -123,10 +125,14 @@ def test_two_checkouts_are_benched_in_turn_and_tabled_after_over_before(monkeypa
     assert calls[0][1] == ("--compressors", "topk,qsgd", "--frameworks", "torch,tf", "--numel", "10",
                            "--model", "none", "--repeats", "9", "--warmup", "5")
     assert report["runs"] == {"before": before, "after": after} and report["before"] == "b"
-    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
-    # topk: before 4, 6, 8 (median 6), after 2, 3, 4 (median 3); pairs 0.5 each; copy 10/20/10 both
-    # qsgd: its second run after failed, so it has no row (a median of two runs is not the table's)
-    assert table[1:] == ["| torch | flat 10 | topk | 6.0 | 3.0 | 0.500 | 0.50-0.50 | 1.00 |"]
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("Before b, after a; medians of 3 runs a side, taken in turn (--compressors")
+    table = [line for line in out if line.startswith("| ")]
+    # topk: compress + decompress before 4, 6, 8 (median 6), after 2, 3, 6 (median 3); the paired
+    # runs' ratios 2/4, 3/6, 6/8; the copy before 10, 20, 10 (median 10), after 20, 40, 20 (20).
+    # qsgd: its second run after failed, so it has no row (a median of two runs is not the table's);
+    # "old" and "new" were measured on one side only.
+    assert table[1:] == ["| torch | flat 10 | topk | 6.0 | 3.0 | 0.500 | 0.50-0.75 | 2.00 |"]
 
 
 def test_a_side_is_benched_through_the_checkout_it_names(tmp_path):
@@ -143,4 +149,19 @@ def test_a_side_is_benched_through_the_checkout_it_names(tmp_path):
     assert (row["framework"], row["compressor"], row["case"]) == ("torch", "topk", "flat 5,000")
     assert row["compress_s"] > 0 and row["payload_bytes"] == 50 * 8  # 1% of 5,000: values, indices
     wrong = measure(str(tmp_path))
-    assert wrong.returncode != 0 and "AssertionError" in wrong.stderr
+    assert wrong.returncode != 0 and "grace was imported from" in wrong.stderr
+
+
+def test_a_side_through_another_checkout_imports_that_checkouts_grace(tmp_path):
+    """What ``--before`` runs: ``measure_side`` on another checkout (here one of links to this
+    one's grace) gets that checkout's rows: the allocator's re-run of the script keeps the side's
+    path (its checkout's grace first), or the side would import this one's and refuse to run."""
+    from scripts.tools import bench_compressors
+    from scripts.tools.checkout_sides import measure_side
+
+    for part in ("grace", "frameworks", "grace-entry-points.cfg"):
+        os.symlink(os.path.join(ROOT, part), tmp_path / part)
+    rows = measure_side(bench_compressors.__file__, str(tmp_path), "--compressors", "topk",
+                        "--frameworks", "torch", "--model", "none", "--numel", "5000",
+                        "--repeats", "1", "--warmup", "1")
+    assert [(r["compressor"], r["payload_bytes"]) for r in rows] == [("topk", 50 * 8)]

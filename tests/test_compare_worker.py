@@ -82,9 +82,10 @@ def test_keras_initialization_of_the_word_model_is_keras_defaults():
     import torch
 
     torch.manual_seed(0)
-    embed = torch.nn.Embedding(4096, 64, sparse=True)
-    hidden, out = torch.nn.Linear(8 * 64, 256), torch.nn.Linear(256, 4096)
-    compare_worker.keras_init_words(embed, hidden, out)
+    model = compare_worker.torch_word_model("glorot")  # as the worker builds it with --init glorot
+    embed, hidden, out = model.embed, model.hidden, model.out
+    assert embed.sparse and (embed.num_embeddings, embed.embedding_dim) == (4096, 64)
+    assert float(compare_worker.torch_word_model().embed.weight.abs().max()) > 1  # PyTorch's own
     with torch.no_grad():
         assert 0.049 < float(embed.weight.abs().max()) <= 0.05
         assert abs(float(embed.weight.std()) - 0.05 / 3 ** 0.5) < 0.001  # uniform, not a normal

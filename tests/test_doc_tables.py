@@ -76,7 +76,8 @@ def test_the_by_hand_rule_sees_every_table_and_takes_no_empty_or_wrong_reason(tm
     whatever its extension, also a run's path as a page under docs/ once named it."""
     (tmp_path / "data" / "results").mkdir(parents=True)
     (tmp_path / "data" / "results" / "kept.json").write_text("[]")
-    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "results").mkdir(parents=True)  # where a page once named it from
+    (tmp_path / "docs" / "results" / "kept.json").write_text("[]")
     (tmp_path / "docs" / "page.md").write_text("\n".join([
         "<!-- by hand: not a measurement: settings -->", "| a | b |", "|---|---|", "",
         "- in a list:", "", "  | c |", "  |---|", "",
