@@ -240,6 +240,36 @@ def test_every_compressor_gives_the_composite_codes_payloads(name):
 
 
 @pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("block", [1, 7, 512, 0])
+def test_twobit_codes_are_the_composite_code(n, block):
+    """Two-bit's loop against its composite code, bit for bit: blocks that straddle the threads'
+    ranges (7), one element each (1), the default and one for the whole tensor (0); thresholds of
+    0 (an all-zero block's), equal to an element, and every code at its edges: x at t, at -t, NaN
+    and the infinities."""
+    from grace.compressors import twobit
+
+    x = data(n, seed=5) * 0.01
+    x[7:14] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.01, -0.01, 0.0, -0.0])
+    size = n if block == 0 else block
+    count = -(-n // size)
+    thresholds = torch.rand(count, generator=torch.Generator().manual_seed(6)) * 0.02
+    thresholds[:3] = torch.tensor([0.01, 0.0, 0.01])[:count]  # x at +-t; an all-zero block, t 0
+    if size > 1:
+        x[size:2 * size] = 0.0 if count > 2 else x[size:2 * size]
+    fused = twobit.codes(TORCH, x, thresholds, n=n, block=size)
+    expected = twobit.codes.composite(TORCH, x, thresholds, n=n, block=size)
+    assert fused.dtype == torch.uint8 and fused.numel() == -(-2 * n // 8)
+    assert torch.equal(fused, expected)
+    assert kernels.run(TORCH, "twobit_codes", [x, thresholds], n=n, block=size) is not None  # it ran
+    unpacked = [(int(byte) >> (2 * j)) & 3 for byte in fused[:4] for j in range(4)]
+    t0 = float(thresholds[0])
+    want = [3 if v >= t0 else 2 if -v >= t0 and v < 0 else 0 for v in x[:16].tolist()] if size >= 16 \
+        else None
+    if want is not None:  # the first 16 codes by the definition, against the first block's t
+        assert unpacked == want
+
+
+@pytest.mark.parametrize("n", SIZES)
 def test_inceptionn_moves_every_class_like_the_composite_code(n):
     """INCEPTIONN's loops move members four tags at a time: on magnitudes spread so that all four
     classes interleave (and NaN and infinities among them), both ways, bit for bit."""
@@ -280,7 +310,7 @@ def test_grace_native_0_turns_the_loops_off():
 
 @pytest.mark.parametrize("name", ["qsgd", "terngrad", "onebit", "efsignsgd", "signsgd", "signum",
                                   "natural", "u8bit", "sketch", "threshold", "dgc", "topk", "adaq",
-                                  "inceptionn"])
+                                  "inceptionn", "twobit"])
 def test_tensorflow_takes_the_same_loops_in_a_graph(name):
     """Under tf.function the loops run through tf.numpy_function and give torch's payloads and
     decoded values."""

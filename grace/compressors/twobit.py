@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from grace import native
 from grace.blocks import DEFAULT_BLOCK_SIZE, Blocks
 from grace.compressor import Compressor, Tabled, compute_dtype, numel_of, renamed
+from grace.kernels import accelerated
 from grace.validation import check_bool, check_int, check_positive
 
 # The largest finite float16: a larger t is sent as this, and error feedback keeps the rest.
@@ -88,17 +92,9 @@ class TwoBit(Tabled, Compressor):
 
     def compress_flat(self, flat, name, ctx, ops):
         blocks = self.blocks(ctx.numel)
-        rows = blocks.rows(ops.cast(flat, compute_dtype(ctx.dtype)), ops)
-        t = self._thresholds(rows, blocks, ctx, ops)
-        column = blocks.column(t, ops)  # an absolute threshold's one block: one t for every row
-        dtype = ops.dtype(rows)
-        up = ops.cast(ops.greater_equal(rows, column), dtype)  # 3 (11) at or above t
-        # 2 (10) at or below -t; below 0 too, so that t = 0 (an all-zero block) codes 0 as 11 only.
-        # The padding's zeros code 00 (or 11 where t = 0): both decode to 0, and are not sent.
-        down = ops.mul(ops.cast(ops.greater_equal(ops.scale(rows, -1.0), column), dtype),
-                       ops.cast(ops.less(rows, 0.0), dtype))
-        codes = blocks.flat(ops.add(ops.scale(up, 3.0), ops.scale(down, 2.0)), ops)
-        packed = ops.pack_bits(ops.cast(codes, "int32"), 2)
+        x = ops.cast(flat, compute_dtype(ctx.dtype))
+        t = self._thresholds(blocks.rows(x, ops), blocks, ctx, ops)
+        packed = codes(ops, x, t, n=ctx.numel, block=blocks.size)
         if ctx.dtype == "float16":  # a t beyond float16's range would decode 0 x inf = NaN
             t = ops.minimum(t, FLOAT16_MAX)
         return [ops.cast(t, ctx.dtype), packed] if self.relative else [packed]
@@ -117,3 +113,37 @@ class TwoBit(Tabled, Compressor):
     def payload_nbytes(self, shape, itemsize):
         thresholds = self.blocks(numel_of(shape)).count if self.relative else 0
         return math.ceil(numel_of(shape) * 2 / 8) + thresholds * itemsize
+
+
+# The loop of twobit.c beside this file: the codes of every element, packed, in one pass.
+CODES_LOOP = native.Loop("grace_twobit_codes", (native.In(0), native.START, native.COUNT, native.In(1),
+                                                native.Param("block", native.I64), native.Out(0)))
+
+
+def _codes_loop(x: np.ndarray, thresholds: np.ndarray, n: int, block: int) -> np.ndarray:
+    out = native.empty((n * 2 + 7) // 8, np.uint8)
+    native.run(CODES_LOOP, n, [x, thresholds], [out], {"block": block})
+    return out
+
+
+native.register("twobit_codes", native.Kernel(
+    _codes_loop, lambda x, thresholds, n, block: [("uint8", ((n * 2 + 7) // 8,))],
+    native.float32_at(0, 1)))
+
+
+@accelerated("twobit_codes")
+def codes(ops, x, thresholds, *, n, block):
+    """The packed codes of the 1-d ``x`` (``n`` elements), each against the threshold ``t`` of its
+    block of ``block`` elements (``thresholds``, one per block): 3 (``11``) at or above ``t``, 2
+    (``10``) at or below ``-t`` where ``x < 0``, else 0, four to a byte."""
+    blocks = Blocks.of(n, block)
+    rows = blocks.rows(x, ops)
+    column = blocks.column(thresholds, ops)  # an absolute threshold's one block: one t for every row
+    dtype = ops.dtype(rows)
+    up = ops.cast(ops.greater_equal(rows, column), dtype)  # 3 (11) at or above t
+    # 2 (10) at or below -t; below 0 too, so that t = 0 (an all-zero block) codes 0 as 11 only.
+    # The padding's zeros code 00 (or 11 where t = 0): both decode to 0, and are not sent.
+    down = ops.mul(ops.cast(ops.greater_equal(ops.scale(rows, -1.0), column), dtype),
+                   ops.cast(ops.less(rows, 0.0), dtype))
+    found = blocks.flat(ops.add(ops.scale(up, 3.0), ops.scale(down, 2.0)), ops)
+    return ops.pack_bits(ops.cast(found, "int32"), 2)
