@@ -649,28 +649,6 @@ def test_scale_into_writes_the_bits_of_a_cast_and_a_scale():
     buffer = torch.arange(12.0)
     got = ops.scale_into(buffer[0:6], 2.0, buffer[3:9])  # overlapping: read before any write
     assert torch.equal(got, torch.arange(6.0) * 2) and torch.equal(buffer, torch.arange(12.0))
-    # Past one slice of the CPU's cast and scale (two whole slices and part of a third), into a
-    # view at an offset: every slice written, each with scale's bits, nothing around it; for
-    # every cast, at the slice's real size and at a small one whose slices are counted.
-    from frameworks.torch import ops as torch_ops
-
-    for size in (torch_ops._SCALED_SLICE, 7):
-        n = 2 * size + 3
-        for source, target in ((torch.float16, torch.float32), (torch.bfloat16, torch.float32),
-                               (torch.float32, torch.float16)):
-            x = (torch.randn(n, generator=generator) * 0.01).to(source)
-            bucket = torch.full((n + 10,), 7.0, dtype=target)
-            place = bucket[4:4 + n]
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(torch_ops, "_SCALED_SLICE", size)
-                copies = []
-                if size == 7:  # a spy on the slices written: three, of 7, 7 and 3 elements
-                    patch.setattr(torch.Tensor, "copy_", lambda self, other, *a, _copy=torch.Tensor.copy_,
-                                  **k: copies.append(self.numel()) or _copy(self, other, *a, **k))
-                assert ops.scale_into(x, 1.0 / 3.0, place) is place
-            assert torch.equal(place, ops.scale(x.to(target), 1.0 / 3.0))
-            assert (bucket[:4] == 7).all() and (bucket[4 + n:] == 7).all()
-            assert copies == ([7, 7, 3] if size == 7 else [])
 
 
 def test_a_gradient_that_cannot_be_written_into_is_left_as_it_is():

@@ -46,10 +46,6 @@ WIDE_CHUNK = 1 << 20
 """Float64 sums of larger tensors run chunk by chunk: a float64 copy of a whole large gradient would
 cost more than the sum (its pages are new memory)."""
 
-_SCALED_SLICE = 1 << 20
-"""A cast and scaled decoding (``TorchOps.scale_into``) runs this many elements at a time on the CPU:
-4 MiB of float32, read back from the cache by the product."""
-
 _TABLES: dict = {}
 
 
@@ -176,16 +172,6 @@ class TorchOps(Ops):
                     and x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr())):
             return super().scale_into(x, factor, out)
         flat, x = out.view(-1), x.reshape(-1)
-        if x.dtype != out.dtype and factor != 1.0 and flat.device.type == "cpu":
-            # A cast, then the product in out's dtype: scale's bits. On the CPU a slice at a time,
-            # so that the product reads the cast from the cache, not from memory again (fp16's
-            # sum of ResNet-50's gradients: 42 -> 30 ms); a product with a float16 input and a
-            # float32 output in one kernel is not vectorized, 4 times slower.
-            for start in range(0, flat.numel(), _SCALED_SLICE):
-                part = flat[start:start + _SCALED_SLICE]
-                part.copy_(x[start:start + _SCALED_SLICE])
-                torch.mul(part, factor, out=part)
-            return out
         if x.dtype != out.dtype:  # a cast, then the product in out's dtype: scale's bits
             flat.copy_(x)
             x = flat
