@@ -241,32 +241,36 @@ def test_every_compressor_gives_the_composite_codes_payloads(name):
 
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("block", [1, 7, 512, 0])
-def test_twobit_codes_are_the_composite_code(n, block):
+def test_twobit_codes_are_the_composite_code(n, block, monkeypatch):
     """Two-bit's loop against its composite code, bit for bit: blocks that straddle the threads'
-    ranges (7), one element each (1), the default and one for the whole tensor (0); thresholds of
-    0 (an all-zero block's), equal to an element, and every code at its edges: x at t, at -t, NaN
-    and the infinities."""
+    ranges (7; three ranges, so that one starts inside a block), one element each (1), the default
+    and one for the whole tensor (0); a threshold of 0 (an all-zero block's), x at +-t, NaN and the
+    infinities; and the first 16 codes against the definition."""
     from grace.compressors import twobit
 
+    monkeypatch.setenv("GRACE_NATIVE_THREADS", "3")
+    if n > native.PARALLEL_NUMEL:
+        assert len(native._ranges(n)) == 3 and any(start % 7 for start, _ in native._ranges(n))
     x = data(n, seed=5) * 0.01
     x[7:14] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.01, -0.01, 0.0, -0.0])
     size = n if block == 0 else block
     count = -(-n // size)
     thresholds = torch.rand(count, generator=torch.Generator().manual_seed(6)) * 0.02
-    thresholds[:3] = torch.tensor([0.01, 0.0, 0.01])[:count]  # x at +-t; an all-zero block, t 0
-    if size > 1:
-        x[size:2 * size] = 0.0 if count > 2 else x[size:2 * size]
+    thresholds[:3] = 0.01  # x at +-t in the first blocks
+    if count > 4:  # an all-zero block, whose t is 0: its zeros code 11
+        x[3 * size:4 * size] = 0.0
+        thresholds[3] = 0.0
     fused = twobit.codes(TORCH, x, thresholds, n=n, block=size)
     expected = twobit.codes.composite(TORCH, x, thresholds, n=n, block=size)
     assert fused.dtype == torch.uint8 and fused.numel() == -(-2 * n // 8)
     assert torch.equal(fused, expected)
     assert kernels.run(TORCH, "twobit_codes", [x, thresholds], n=n, block=size) is not None  # it ran
     unpacked = [(int(byte) >> (2 * j)) & 3 for byte in fused[:4] for j in range(4)]
-    t0 = float(thresholds[0])
-    want = [3 if v >= t0 else 2 if -v >= t0 and v < 0 else 0 for v in x[:16].tolist()] if size >= 16 \
-        else None
-    if want is not None:  # the first 16 codes by the definition, against the first block's t
-        assert unpacked == want
+    t = [float(thresholds[i // size]) for i in range(16)]
+    want = [3 if v >= t[i] else 2 if -v >= t[i] and v < 0 else 0 for i, v in enumerate(x[:16].tolist())]
+    assert unpacked == want  # the first 16 codes by the definition
+    with pytest.raises(ValueError, match="thresholds"):
+        twobit._codes_loop(x.numpy(), thresholds.numpy()[:-1], n, size)
 
 
 @pytest.mark.parametrize("n", SIZES)

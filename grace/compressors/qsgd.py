@@ -34,7 +34,7 @@ class QSGD(Seeded, Tabled, Compressor):
                      "dense, the same); qsgd(levels=127), 8 bits an element, ends as uncompressed "
                      "training there, qsgd(block_size=128) within its target (+3.7%); from "
                      "Keras's initial weights (an embedding uniform in +-0.05, not a unit normal) "
-                     "+0.5% at its defaults",
+                     "+0.5% at its defaults (seed 0, against +11.7% from PyTorch's)",
     }
     layout_sensitive = True  # blocks of consecutive elements
     default_communicator = "allgather"

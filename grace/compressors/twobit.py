@@ -122,6 +122,9 @@ CODES_LOOP = native.Loop("grace_twobit_codes", (native.In(0), native.START, nati
 
 
 def _codes_loop(x: np.ndarray, thresholds: np.ndarray, n: int, block: int) -> np.ndarray:
+    if block < 1 or thresholds.size != -(-n // block):  # the C loop would read past them
+        raise ValueError(f"two-bit's codes: {thresholds.size} thresholds for {n} elements in "
+                         f"blocks of {block}")
     out = native.empty((n * 2 + 7) // 8, np.uint8)
     native.run(CODES_LOOP, n, [x, thresholds], [out], {"block": block})
     return out

@@ -263,8 +263,9 @@ class _Run(NamedTuple):
 
 _I64, _U32, _F32, _PTR = ctypes.c_int64, ctypes.c_uint32, ctypes.c_float, ctypes.c_void_p
 INT, INT32 = ctypes.c_int, ctypes.c_int32
-I64 = _I64
 """The C ``int`` and ``int32_t`` of a ``Param`` (a float by default)."""
+I64 = _I64
+"""The C ``int64_t`` of a ``Param``."""
 
 
 def In(i: int) -> Arg:  # noqa: N802 (a kind of argument, read in the declarations as one)
