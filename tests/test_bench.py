@@ -101,7 +101,7 @@ def test_two_checkouts_are_benched_in_turn_and_tabled_after_over_before(monkeypa
     catalogue's options; a row gives each side's median of compress + decompress, after / before
     (not before / after), the range of the paired runs' ratios and the copy's ratio; a compressor
     that failed on a side, or that one side lacks, gets no row. The sides' times are set here."""
-    from scripts.tools import bench_compressors
+    from scripts.tools import bench_compressors, checkout_sides
 
     before = [[_row("torch", "topk", 3, 1, 10), _row("tf", "qsgd", 5, 5, 10), _row("torch", "old", 1, 1, 1)],
               [_row("torch", "topk", 4, 2, 20), _row("tf", "qsgd", 6, 6, 10)],
@@ -116,7 +116,7 @@ def test_two_checkouts_are_benched_in_turn_and_tabled_after_over_before(monkeypa
         calls.append((root, args))
         return (before if root == "/b" else after)[sum(r == root for r, _ in calls) - 1]
 
-    monkeypatch.setattr(bench_compressors, "measure_side", side)
+    monkeypatch.setattr(checkout_sides, "measure_side", side)
     monkeypatch.setattr(bench_compressors, "_commit", lambda root: root.strip("/"))
     report = bench_compressors.main(["--before", "/b", "--after", "/a", "--compressors", "topk,qsgd",
                                      "--frameworks", "torch,tf", "--model", "none", "--numel", "10",

@@ -117,7 +117,7 @@ def test_the_timing_table_gives_each_sides_median_and_after_over_before(monkeypa
     """``--before/--after``: the sides are measured in turn, ``--repeats`` times, and each
     compression's row gives both sides' medians, after / before (not before / after) and the range
     of the repeats' ratios. The sides' times are set here (no timing in a test)."""
-    from scripts.tools import pipeline_overhead
+    from scripts.tools import checkout_sides, pipeline_overhead
 
     times = {"before": iter([{"none": 10.0, "topk": 40.0}, {"none": 12.0, "topk": 44.0},
                              {"none": 11.0, "topk": 60.0}]),
@@ -129,7 +129,7 @@ def test_the_timing_table_gives_each_sides_median_and_after_over_before(monkeypa
         order.append(root)
         return next(times["before" if root == "/b" else "after"])
 
-    monkeypatch.setattr(pipeline_overhead, "measure_side", side)
+    monkeypatch.setattr(checkout_sides, "measure_side", side)
     pipeline_overhead.main(["--before", "/b", "--after", "/a", "--compressors", "none,topk",
                             "--repeats", "3"])
     assert order == ["/b", "/a"] * 3  # interleaved

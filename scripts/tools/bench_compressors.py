@@ -30,8 +30,8 @@ after / before with the range of the repeats' ratios (``sides_markdown``). Time 
 meanwhile.
 
     git worktree add /tmp/before <commit>
-    python -m scripts.tools.bench_compressors --before /tmp/before --model none --numel 2000000 \\
-        --json data/performance/bench-sides.json
+    python -m scripts.tools.bench_compressors --before /tmp/before --model none --repeats 5 \\
+        --warmup 3 --json data/performance/bench-sides.json
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from scripts import (
     ROOT,
     workloads,
 )
-from scripts.tools.checkout_sides import assert_imported_from, measure_side
+from scripts.tools.checkout_sides import assert_imported_from, take_turns
 
 TARGET_2 = ("topk", "randomk", "signsgd", "onebit", "terngrad", "qsgd")
 
@@ -487,12 +487,7 @@ def bench_sides(args) -> dict:
                  "--numel", str(args.numel), "--model", args.model or "none",
                  "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
     forwarded += ["--devices", args.devices] if args.devices else []
-    runs: dict[str, list[list[dict]]] = {"before": [], "after": []}
-    with tqdm(total=2 * args.sides, desc="checkouts") as bar:
-        for _ in range(args.sides):
-            for side in ("before", "after"):
-                runs[side].append(measure_side(__file__, getattr(args, side), *forwarded))
-                bar.update()
+    runs = take_turns(__file__, args.before, args.after, args.sides, *forwarded)
     return {"before": _commit(args.before), "after": _commit(args.after),
             "options": forwarded, "runs": runs}
 

@@ -33,3 +33,18 @@ def assert_imported_from(root: str) -> None:
 
     where = os.path.dirname(os.path.dirname(os.path.abspath(grace.__file__)))
     assert where == os.path.abspath(root), f"grace was imported from {where}, not {root}"
+
+
+def take_turns(script: str, before: str, after: str, repeats: int, *args: str) -> dict[str, list]:
+    """``measure_side`` of ``script`` with ``args`` through the checkouts ``before`` and ``after``,
+    in turns, ``repeats`` times each (a progress bar counts them): each side's results in order,
+    so that result i of one side was measured beside result i of the other."""
+    from tqdm import tqdm
+
+    runs: dict[str, list] = {"before": [], "after": []}
+    with tqdm(total=2 * repeats, desc="checkouts") as bar:
+        for _ in range(repeats):
+            for side, root in (("before", before), ("after", after)):
+                runs[side].append(measure_side(script, root, *args))
+                bar.update()
+    return runs

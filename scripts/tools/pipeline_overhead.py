@@ -23,7 +23,7 @@ import statistics
 import time
 
 from scripts import ROOT
-from scripts.tools.checkout_sides import assert_imported_from, measure_side
+from scripts.tools.checkout_sides import assert_imported_from, take_turns
 
 DEFAULT = "topk,dgc,powersgd,qsgd,none,fp16,randomk,efsignsgd"
 
@@ -87,15 +87,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     if not args.before:
         parser.error("--before DIR is needed: the checkout to compare with")
-    from tqdm import tqdm
-
-    runs: dict[str, list[dict]] = {"before": [], "after": []}
-    with tqdm(total=2 * args.repeats, desc="checkouts") as bar:
-        for _ in range(args.repeats):
-            for side in ("before", "after"):
-                runs[side].append(measure_side(__file__, getattr(args, side), "--compressors",
-                                               args.compressors, "--steps", str(args.steps)))
-                bar.update()
+    runs = take_turns(__file__, args.before, args.after, args.repeats, "--compressors",
+                      args.compressors, "--steps", str(args.steps))
     print(f"ResNet-50's gradients, 2 in-process workers, median of {args.steps} steps, "
           f"{args.repeats} interleaved repeats")
     print("| compression | before ms | after ms | after / before | range of the repeats |")
