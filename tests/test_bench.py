@@ -19,6 +19,10 @@ SCRIPT = ["-m", "scripts.tools.bench_compressors"]  # run from the checkout (cwd
 NUMEL = 300_001
 COMPRESSORS = ["signsgd", "randomk", "qsgd", "topk"]
 
+# The benchmark harness run for real (a bench of four compressors in both frameworks, sides through
+# checkouts): half a minute, in `make test-slow` and CI as the checkout comparisons are (Makefile).
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
