@@ -210,7 +210,7 @@ NAMED_FILE = re.compile(r"[\w./*-]+\.(?:json|md|csv|txt|png)\b")
 def named_files_exist(why: str) -> list[str]:
     """The files a by-hand reason names (a path from the root) that do not exist."""
     return [named for named in NAMED_FILE.findall(why)
-            if not any(glob.glob(os.path.join(ROOT, base, named)) for base in ("",))]
+            if not glob.glob(os.path.join(ROOT, named))]
 
 
 def top_pages() -> list[str]:

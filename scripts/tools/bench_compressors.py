@@ -570,20 +570,18 @@ def main(argv=None) -> dict:
         overhead_worker(args.repeats)
         return {}
     args.compressors = [c.strip() for c in args.compressors.split(",") if c.strip()]
-    if args.measure:  # one side of --before: this process imports that checkout's grace
-        assert_imported_from(args.measure)
-        args.frameworks = args.frameworks.split(",")
-        args.model = None if args.model == "none" else args.model
-        print("\n" + json.dumps(bench_catalogue(args)))
-        return {}
-    for c in args.compressors:
-        if c not in grace.available():
-            parser.error(f"--compressors: {c!r} is not one of {', '.join(grace.available())}")
     args.frameworks = [f.strip() for f in args.frameworks.split(",") if f.strip()]
     for f in args.frameworks:
         if f not in ("torch", "tf"):
             parser.error(f"--frameworks: {f!r} is not one of torch, tf")
     args.model = None if args.model == "none" else args.model
+    if args.measure:  # one side of --before: this process imports that checkout's grace
+        assert_imported_from(args.measure)
+        print("\n" + json.dumps(bench_catalogue(args)))
+        return {}
+    for c in args.compressors:
+        if c not in grace.available():
+            parser.error(f"--compressors: {c!r} is not one of {', '.join(grace.available())}")
 
     for path in (args.json, args.plot):
         if path:
