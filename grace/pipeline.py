@@ -4,25 +4,24 @@ and the fused exchange of buckets of tensors."""
 from __future__ import annotations
 
 import inspect
-import re
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-from grace import hierarchy
+from grace import checkpoint, hierarchy, joining
 from grace.bucketing import DEFAULT_BUCKET_BYTES, bucket_tag
 from grace.collectives import Collectives, sums_fused
 from grace.communicator import Communicator
 from grace.communicators.allgather import Allgather
 from grace.communicators.allreduce import Allreduce
 from grace.communicators.alltoall import ShardCodec, keeps_residual
-from grace.compressor import RENAMED_PARAMS, Compressor, Context, numel_of
+from grace.compressor import Compressor, Context, numel_of
 from grace.compressors.none import NoneCompressor
 from grace.exchange import Entry, Exchange
 from grace.memories.none import NoneMemory
 from grace.memories.residual import ResidualMemory
 from grace.memory import Memory
 from grace.momentum import OptimizerMomentum
-from grace.ops import FLOAT_DTYPES, Ops, Tensor, ops_for
+from grace.ops import Ops, Tensor, ops_for
 from grace.plan import GRANULARITIES, Plan, Route
 from grace.rounds import Rounds, run_together
 from grace.sparse import RowResidual, Rows, RowsCodec, payload_bytes_horovod
@@ -43,17 +42,6 @@ def takes_overwrite(memory: Memory) -> bool:
 
 
 _TAKES_OVERWRITE: dict[type, bool] = {}
-
-
-def _differs_in_min_numel_only(saved: str, config: str, state: dict[str, Any]) -> bool:
-    """Whether a checkpoint saved under another ``min_numel`` still fits: it keeps no tensor's
-    state (a cast, none: byte counts only), so no state can be missing or misplaced. fp16's
-    default became 0 where it was 1024; its checkpoints saved before load as they did."""
-    def without(text: str) -> str:
-        return re.sub(r"min_numel=\d+", "min_numel=?", text)
-    held = any(entries for part, stores in state.items() if part not in ("config", "stats")
-               and isinstance(stores, dict) for entries in stores.values())
-    return not held and without(saved) == without(config)
 
 
 BUILT_WHILE_TRACING: list[Callable[[], Any]] = []
@@ -342,38 +330,16 @@ class Pipeline:
     def _start_flat(self, tensors: Sequence[Tensor], names: Sequence[str], group: Collectives,
                     ops: Ops, overwrite: bool = False, lent: bool = False) -> Exchange:
         tag = bucket_tag(names)
-        entries = self._entries(list(tensors), list(names), ops, overwrite,
-                                joins=not sums_fused(group), lent=lent)
+        # Collectives that fuse sums themselves leave an element-wise codec's tensors apart.
+        join_alike = len(tensors) > 1 and not sums_fused(group) and self._joins_alike()
+        entries = joining.entries(list(tensors), list(names), ops, self.granularity, join_alike,
+                                  lambda shape, dtype: self.plan(shape, dtype, ops), overwrite, lent)
         for entry in entries:
             self._prepare(entry, group, ops)
         self._vote(entries, tag, group, ops)
         live = [e for e in entries if e.payload is not None]
         sent = self.rounds.send(live, tag, group, ops, flag_of(entries, ops))
         return Exchange(tag, entries, len(tensors), ops, live, sent)
-
-    def _entries(self, tensors: list, names: list, ops: Ops, overwrite: bool = False,
-                 joins: bool = True, lent: bool = False) -> list[Entry]:
-        """The units a bucket compresses: each tensor (``granularity="layer"``), or its float
-        tensors of one dtype joined into one vector named after the bucket (``"bucket"``, a
-        vector of the pipeline's own, which error feedback may write into). ``joins=False``
-        (collectives that fuse sums themselves) leaves an element-wise codec's tensors apart."""
-        whole = [Entry(name, [i], [ops.shape(t)], t, owned=overwrite, lent=overwrite and lent)
-                 for i, (t, name) in enumerate(zip(tensors, names))]
-        if len(tensors) > 1 and joins and self._joins_alike():
-            return self._joined_alike(whole, ops)
-        if self.granularity == "layer" or len(tensors) == 1:
-            return whole
-        joined: dict[str, list[int]] = {}
-        for i, t in enumerate(tensors):
-            if ops.dtype(t) in FLOAT_DTYPES and ops.numel(t) > 0:
-                joined.setdefault(ops.dtype(t), []).append(i)
-        entries = [whole[i] for i in range(len(tensors)) if not any(i in g for g in joined.values())]
-        for dtype, positions in joined.items():
-            name = f"bucket.{names[positions[0]]}" + (f".{dtype}" if len(joined) > 1 else "")
-            flat = ops.concat([ops.flatten(tensors[i]) for i in positions])
-            entries.append(Entry(name, positions, [ops.shape(tensors[i]) for i in positions], flat,
-                                 owned=True))  # ``Ops.concat`` makes a new tensor
-        return entries
 
     def _joins_alike(self) -> bool:
         """Whether a bucket's tensors may be encoded as one vector at ``granularity="layer"`` (the
@@ -386,33 +352,6 @@ class Pipeline:
                 and self.memory.stateless and self.communicator.sums
                 and self.takeover.taken is None and self.takeover.moments is None
                 and not self.warmup_steps)
-
-    def _joined_alike(self, whole: list[Entry], ops: Ops) -> list[Entry]:
-        """``whole``'s float tensors joined into one entry per (dtype, route), each entry keeping
-        its tensors' route; the others (empty, integer) as they are."""
-        groups: dict[tuple[str, Route], list[Entry]] = {}
-        kept = []
-        for entry in whole:
-            dtype = ops.dtype(entry.source)
-            route = self.plan(tuple(ops.shape(entry.source)), dtype, ops)
-            if dtype in FLOAT_DTYPES and route in (Route.DENSE, Route.COMPRESSED):
-                groups.setdefault((dtype, route), []).append(entry)
-            else:
-                kept.append(entry)
-        for (dtype, route), members in groups.items():
-            if len(members) == 1:
-                kept.append(members[0])
-                continue
-            # Tensors that lie end to end already (a DDP bucket's) are joined by a view of them;
-            # it is written into only where the caller gave them over (``overwrite``).
-            view = ops.adjacent([e.source for e in members])
-            flat = view if view is not None else ops.concat([ops.flatten(e.source) for e in members])
-            kept.append(Entry(f"joined.{members[0].name}.{route.value}",
-                              [e.positions[0] for e in members], [e.shapes[0] for e in members],
-                              flat, owned=view is None or all(e.owned for e in members),
-                              lent=view is not None and any(e.lent for e in members),
-                              route=route))
-        return kept
 
     def _prepare(self, entry: Entry, group: Collectives, ops: Ops) -> None:
         """Decide how ``entry`` travels this step and encode it (a vote first, for a compressor
@@ -609,46 +548,25 @@ class Pipeline:
         """This worker's compression state (residuals, momenta, warm starts, step counters) and
         byte counts: copies, as tensors of the framework that made them (numpy arrays for
         TensorFlow variables). Each worker's state is its own: save it per worker."""
-        return {"config": repr(self),
-                "compressor": StateStore.export(self.compressor.state()),
-                "memory": StateStore.export(self.memory.state()),
-                "dense_memory": StateStore.export(self._dense_memory.state()),
-                "owner_memory": StateStore.export(self._owner_memory.state()),
-                "pipeline": StateStore.export({"exchanges": self._exchanges}),
-                "rows": StateStore.export(self._row_stores()),
-                "moments": StateStore.export(self._moment_stores()),
-                "stats": StateStore.export({"counters": self._counters})["counters"]}
+        return checkpoint.save(repr(self), self._state_parts(), self._counters)
 
     def load_state_dict(self, state: dict[str, Any], ops: Ops | None = None) -> None:
         """Continue from ``state_dict()``'s result. ``ops`` is the adapter to hold the values (needed
         for TensorFlow, whose state lives in variables; others keep the values as given)."""
-        saved = str(state.get("config"))
-        for former, name in RENAMED_PARAMS.items():  # a checkpoint from before a parameter's rename
-            saved = saved.replace(f"{former}=", f"{name}=")
-        if saved != repr(self) and not _differs_in_min_numel_only(saved, repr(self), state):
-            raise ValueError(f"this compression state was saved by {state.get('config')}, not by "
-                             f"{self!r}: build the same pipeline before loading it")
-        parts = (("compressor", self.compressor.state()), ("memory", self.memory.state()),
-                 ("dense_memory", self._dense_memory.state()),
-                 ("owner_memory", self._owner_memory.state()), ("pipeline", {"exchanges": self._exchanges}),
-                 ("rows", self._row_stores()), ("moments", self._moment_stores()))
-        for part, stores in parts:
-            for attr, entries in state.get(part, {}).items():
-                for name, value in entries.items():
-                    StateStore.restore(stores[attr], name, value, ops)
-        for key, value in state["stats"].items():
-            StateStore.restore(self._counters, key, value, ops)
+        checkpoint.load(state, repr(self), self._state_parts(), self._counters, ops)
 
-    def _moment_stores(self) -> dict[str, dict]:
-        """Adam's second moment, when taken over."""
+    def _state_parts(self) -> dict[str, dict[str, dict]]:
+        """The stores of every part that keeps state, by the name a checkpoint saves them under:
+        the sparse gradients' residual rows (and velocity rows, the momentum taken over) and
+        Adam's second moment (taken over) among them."""
         moments = self.takeover.moments
-        return {} if moments is None else moments.state()
-
-    def _row_stores(self) -> dict[str, dict]:
-        """The sparse gradients' state: residual rows and, when the momentum was taken over,
-        velocity rows."""
-        return {k: v for part in (self._row_residual, self.takeover.row_velocity)
-                for k, v in vars(part).items() if isinstance(v, dict)}
+        return {"compressor": self.compressor.state(), "memory": self.memory.state(),
+                "dense_memory": self._dense_memory.state(),
+                "owner_memory": self._owner_memory.state(),
+                "pipeline": {"exchanges": self._exchanges},
+                "rows": {k: v for part in (self._row_residual, self.takeover.row_velocity)
+                         for k, v in vars(part).items() if isinstance(v, dict)},
+                "moments": {} if moments is None else moments.state()}
 
     # --- accounting ----------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:
