@@ -1,10 +1,12 @@
-"""A pipeline's state as a checkpoint: what ``Pipeline.state_dict`` saves and ``load_state_dict``
-puts back.
+"""A pipeline's state as a checkpoint: ``save`` makes what ``Pipeline.state_dict`` returns, and
+``load`` puts it back for ``Pipeline.load_state_dict``.
 
-The state is saved per part (the compressor's, the memories', the warm-up's counts, the sparse
-rows', Adam's moments), each a dict of stores keyed by tensor name, beside the pipeline's
-``repr`` (``config``) and its byte counts. A checkpoint loads only into the pipeline that saved it
-(the same ``repr``), so that no state lands in a part that reads it otherwise."""
+The pipeline names its parts that keep state (``Pipeline._state_parts``: the compressor's, the
+memories', the warm-up's counts, the sparse rows', Adam's moments), each a dict of stores keyed by
+tensor name; they are saved beside the pipeline's ``repr`` (``config``) and its byte counts. A
+checkpoint loads only into a pipeline of the same ``repr``, so that no state lands in a part that
+reads it otherwise; two differences are let through: a parameter saved under its former name, and
+another ``min_numel`` where no tensor's state is held."""
 
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def load(state: dict[str, Any], config: str, parts: dict[str, dict[str, dict]], 
     saved = str(state.get("config"))
     for former, name in RENAMED_PARAMS.items():  # a checkpoint from before a parameter's rename
         saved = saved.replace(f"{former}=", f"{name}=")
-    if saved != config and not differs_in_min_numel_only(saved, config, state):
+    if saved != config and not _differs_in_min_numel_only(saved, config, state):
         raise ValueError(f"this compression state was saved by {state.get('config')}, not by "
                          f"{config}: build the same pipeline before loading it")
     for part, stores in parts.items():
@@ -40,7 +42,7 @@ def load(state: dict[str, Any], config: str, parts: dict[str, dict[str, dict]], 
         StateStore.restore(counters, key, value, ops)
 
 
-def differs_in_min_numel_only(saved: str, config: str, state: dict[str, Any]) -> bool:
+def _differs_in_min_numel_only(saved: str, config: str, state: dict[str, Any]) -> bool:
     """Whether a checkpoint saved under another ``min_numel`` still fits: it keeps no tensor's
     state (a cast, none: byte counts only), so no state can be missing or misplaced. fp16's
     default became 0 where it was 1024; its checkpoints saved before load as they did."""

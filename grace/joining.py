@@ -22,12 +22,12 @@ def entries(tensors: list[Tensor], names: list[str], ops: Ops, granularity: str,
     of one dtype joined into one vector named after the bucket (``"bucket"``, a vector of the
     pipeline's own, which error feedback may write into). ``join_alike``: at ``"layer"``, join the
     tensors of one dtype and ``route`` (shape, dtype -> ``Route``) into one vector, for a codec
-    whose bits are the same either way (``Pipeline`` says when). ``overwrite`` and ``lent`` as
+    whose bits are the same either way (``Pipeline._joins_alike`` says when). ``overwrite`` and ``lent`` as
     ``Pipeline.start_bucket`` takes them."""
     whole = [Entry(name, [i], [ops.shape(t)], t, owned=overwrite, lent=overwrite and lent)
              for i, (t, name) in enumerate(zip(tensors, names))]
-    if len(tensors) > 1 and join_alike:
-        return joined_alike(whole, ops, route)
+    if len(tensors) > 1 and join_alike and granularity == "layer":
+        return _joined_alike(whole, ops, route)
     if granularity == "layer" or len(tensors) == 1:
         return whole
     joined: dict[str, list[int]] = {}
@@ -43,7 +43,7 @@ def entries(tensors: list[Tensor], names: list[str], ops: Ops, granularity: str,
     return units
 
 
-def joined_alike(whole: list[Entry], ops: Ops, route: Callable[[tuple, str], Route]) -> list[Entry]:
+def _joined_alike(whole: list[Entry], ops: Ops, route: Callable[[tuple, str], Route]) -> list[Entry]:
     """``whole``'s float tensors joined into one entry per (dtype, route), each entry keeping
     its tensors' route; the others (empty, integer) as they are."""
     groups: dict[tuple[str, Route], list[Entry]] = {}

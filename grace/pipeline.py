@@ -333,7 +333,8 @@ class Pipeline:
         # Collectives that fuse sums themselves leave an element-wise codec's tensors apart.
         join_alike = len(tensors) > 1 and not sums_fused(group) and self._joins_alike()
         entries = joining.entries(list(tensors), list(names), ops, self.granularity, join_alike,
-                                  lambda shape, dtype: self.plan(shape, dtype, ops), overwrite, lent)
+                                  lambda shape, dtype: self.plan(shape, dtype, ops),
+                                  overwrite=overwrite, lent=lent)
         for entry in entries:
             self._prepare(entry, group, ops)
         self._vote(entries, tag, group, ops)

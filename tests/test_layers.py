@@ -1,12 +1,14 @@
 """The layers under the algorithms keep to one concern each: ``Ops`` holds general tensor
 primitives, grace/native's loops are found by one layer (``grace.kernels``) for any adapter, and
-state lives in a store its pipeline owns, whose transaction no part can escape."""
+state lives in a store its pipeline owns, whose transaction no part can escape; the core imports
+no framework and none of its modules imports one that imports it back."""
 
 from __future__ import annotations
 
 import ast
 import collections
 import contextlib
+import graphlib
 import importlib
 import inspect
 import os
@@ -209,3 +211,73 @@ def test_a_part_left_out_of_its_pipelines_store_is_refused_not_left_out_of_the_r
         pipeline.memory.state_store = StateStore()
     with pytest.raises(RuntimeError, match="state_store"):
         exchange(pipelines, steps=1)
+
+
+def grace_imports(root: Path) -> dict[str, set[str]]:
+    """Per module of ``root``'s ``grace`` package, the modules it imports, anywhere in its code
+    (at the top or inside a function): ``from grace import native`` names ``grace.native``, and
+    ``grace`` itself only where one of the names is the package's own attribute."""
+    modules = {}
+    for path in sorted((root / "grace").rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package, one level up per extra dot
+                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                submodules = {f"{base}.{a.name}" for a in node.names} & modules.keys()
+                found |= submodules
+                if len(submodules) < len(node.names):
+                    found.add(base)
+        graph[name] = found
+    return graph
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle among the modules of ``graph`` (``graphlib``'s), or None."""
+    inside = {name: {m for m in imported if m in graph and m != name} for name, imported in graph.items()}
+    try:
+        graphlib.TopologicalSorter(inside).prepare()
+    except graphlib.CycleError as error:
+        return error.args[1]
+    return None
+
+
+def test_the_core_imports_no_framework_and_has_no_import_cycle():
+    """grace/ is the core the adapters build on: no module of it imports an adapter
+    (``frameworks``), the harness (``scripts``, ``tests``) or a framework (torch, TensorFlow, Keras,
+    Horovod: the adapters register themselves, ``grace.adapters``), and its modules import one
+    another without a cycle, at the top or inside a function (no import deferred to dodge one)."""
+    graph = grace_imports(ROOT)
+    assert len(graph) > 60 and {"grace.pipeline", "grace.joining", "grace.native"} <= graph.keys()
+    assert "grace.exchange" in graph["grace.joining"] and "grace.native" in graph["grace.kernels"]
+    upward = {(name, m) for name, imported in graph.items() for m in imported
+              if m.split(".")[0] in ("frameworks", "scripts", "tests", "torch", "tensorflow",
+                                     "keras", "horovod")}
+    assert not upward
+    assert import_cycle(graph) is None
+
+
+def test_the_import_check_finds_a_cycle_and_a_relative_import(tmp_path):
+    """The check above on a planted package: a cycle through a relative import inside a function,
+    and ``from package import attribute`` naming the package itself."""
+    (tmp_path / "grace" / "sub").mkdir(parents=True)
+    (tmp_path / "grace" / "__init__.py").write_text("from grace.a import f\n")
+    (tmp_path / "grace" / "a.py").write_text("from grace.sub import b\ndef f():\n    pass\n")
+    (tmp_path / "grace" / "sub" / "__init__.py").write_text("")
+    (tmp_path / "grace" / "sub" / "b.py").write_text("def g():\n    from ..c import h\n")
+    (tmp_path / "grace" / "c.py").write_text("import frameworks.torch\nfrom grace import a, VERSION\n")
+    graph = grace_imports(tmp_path)
+    assert graph["grace.sub.b"] == {"grace.c"}
+    assert graph["grace.c"] == {"frameworks.torch", "grace.a", "grace"}
+    assert {"grace.a", "grace.sub.b", "grace.c"} <= set(import_cycle(graph))
+    (tmp_path / "grace" / "sub" / "b.py").write_text("def g():\n    pass\n")
+    assert import_cycle(grace_imports(tmp_path)) is None
