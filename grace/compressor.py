@@ -110,10 +110,14 @@ def compute_dtype(dtype: str) -> str:
     return "float32" if dtype in ("float16", "bfloat16") else dtype
 
 
-RENAMED_PARAMS = {"bucket_size": "block_size"}
+RENAMED_PARAMS = {"bucket_size": "block_size", "buckets": "bins"}
 """Compressor parameters that were renamed: former name -> name. The former is still taken, with a
 warning once per process (``renamed``), and a checkpoint whose configuration reads with it still
 loads (``Pipeline.load_state_dict``)."""
+
+RENAMED_MEANING = {"block_size": "the blocks of consecutive elements that share a scale",
+                   "bins": "the value ranges a sketch sends each element as the id of"}
+"""What each renamed parameter names, for the warning a former name gets."""
 
 _warned_renamed: set[str] = set()
 
@@ -136,9 +140,9 @@ def renamed(new: str, value: Any, former: Any, unset: Any) -> Any:
     if value != unset and value != former:
         raise ValueError(f"{new}={value!r} and its former name {old}={former!r} are both given; "
                          f"give {new} only")
-    _warn_once(old, f"grace: the parameter {old} is now called {new} (the blocks of consecutive "
-                    f"elements that share a scale; a bucket is the tensors that travel together): "
-                    f"{old}={former!r} is taken as {new}={former!r}", stacklevel=3)
+    _warn_once(old, f"grace: the parameter {old} is now called {new} ({RENAMED_MEANING[new]}; a "
+                    f"bucket is the tensors that travel together): {old}={former!r} is taken as "
+                    f"{new}={former!r}", stacklevel=3)
     return former
 
 

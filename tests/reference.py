@@ -478,25 +478,25 @@ def two_stage_natural(workers):
     return two_stage(workers, encode, encode, residuals_kept=False, seeded=True, float32=True)
 
 
-def quantile_means(buckets=256):
+def quantile_means(bins=256):
     """SketchML's encoding of a flat array of at most 65,536 elements (its quantiles exact), from
-    its definition, as it decodes: cut at the sorted values of ranks ``i * n // buckets``, each
+    its definition, as it decodes: cut at the sorted values of ranks ``i * n // bins``, each
     element (in float32) becomes the mean of the elements between its neighbouring cuts (summed in
     float64, sent in float32)."""
     def encode(x):
         x = np.asarray(x, np.float32)
-        cuts = np.minimum(x.size - 1, np.arange(1, buckets) * x.size // buckets)
+        cuts = np.minimum(x.size - 1, np.arange(1, bins) * x.size // bins)
         ids = np.searchsorted(np.sort(x)[cuts], x, side="right")
-        sums = np.bincount(ids, x.astype(np.float64), buckets)
-        means = (sums / np.maximum(np.bincount(ids, minlength=buckets), 1)).astype(np.float32)
+        sums = np.bincount(ids, x.astype(np.float64), bins)
+        means = (sums / np.maximum(np.bincount(ids, minlength=bins), 1)).astype(np.float32)
         return means[ids]
     return encode
 
 
-def two_stage_sketch(workers, buckets=256):
+def two_stage_sketch(workers, bins=256):
     """SketchML through the owners (its default residual on both sides): each worker's shards and
-    each owner's sum plus its residual sent as the means of their quantile buckets."""
-    return two_stage(workers, quantile_means(buckets), quantile_means(buckets), float32=True)
+    each owner's sum plus its residual sent as the means of their quantile bins."""
+    return two_stage(workers, quantile_means(bins), quantile_means(bins), float32=True)
 
 
 def adaq_encode(ratio=0.01, sample_ratio=0.01, seed=0):

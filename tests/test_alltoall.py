@@ -227,11 +227,11 @@ def test_natural_equals_the_two_stage_model(workers):
 @pytest.mark.parametrize("workers", [3, 4])
 def test_sketch_equals_the_two_stage_model(workers):
     """SketchML through the owners (error feedback on both sides): each worker's shards and each
-    owner's sum plus its residual sent as the means of 256 equal-count buckets (shards under
-    65,536 elements: exact quantiles, no sample); 16 buckets too, where each holds many values."""
-    for buckets in (256, 16):
-        pipelines = [grace.sketch(buckets=buckets, communicator="alltoall") for _ in range(workers)]
-        assert_matches_the_model(pipelines, reference.two_stage_sketch(workers, buckets), atol=1e-5)
+    owner's sum plus its residual sent as the means of 256 equal-count bins (shards under
+    65,536 elements: exact quantiles, no sample); 16 bins too, where each holds many values."""
+    for bins in (256, 16):
+        pipelines = [grace.sketch(bins=bins, communicator="alltoall") for _ in range(workers)]
+        assert_matches_the_model(pipelines, reference.two_stage_sketch(workers, bins), atol=1e-5)
 
 
 @pytest.mark.parametrize("workers", [3, 4])

@@ -567,6 +567,41 @@ def test_the_former_bucket_size_is_taken_as_block_size_with_one_warning(monkeypa
         grace.qsgd(block_size=128).load_state_dict(state)
 
 
+def test_sketchs_former_buckets_is_taken_as_bins_with_one_warning(monkeypatch):
+    """sketch's ``buckets`` (its value ranges, before "bucket" came to mean the tensors that travel
+    together only) still works: taken as ``bins`` with one ``FutureWarning`` a process, by the
+    factory, ``from_params`` and positionally; both names with different values are an error
+    naming both; a checkpoint saved under the former name loads, and only into the same bins."""
+    import warnings
+
+    import numpy as np
+
+    from grace import compressor as base
+
+    monkeypatch.setattr(base, "_warned_renamed", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert grace.sketch(buckets=16).compressor.bins == 16
+        assert grace.from_params({"compressor": "sketch", "buckets": 32}).compressor.params() == {
+            "bins": 32, "seed": 0}
+        assert grace.sketch(bins=256, buckets=8).compressor.bins == 8  # bins at its default
+    said = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    assert len(said) == 1 and "buckets is now called bins" in said[0]
+    assert grace.sketch(64).compressor.bins == 64 and grace.sketch().compressor.bins == 256
+    with pytest.raises(ValueError, match=r"bins=64 and its former name buckets=8"):
+        grace.sketch(bins=64, buckets=8)
+    old = grace.sketch(bins=64, min_numel=0)
+    old.reduce(np.linspace(-1, 1, 1000, dtype=np.float32), "w", InProcessGroup(1).worker(0))
+    state = old.state_dict()
+    assert "Sketch(bins=64, seed=0)" in state["config"]
+    state["config"] = state["config"].replace("bins=", "buckets=")  # as saved before
+    new = grace.sketch(bins=64, min_numel=0)
+    new.load_state_dict(state)
+    np.testing.assert_array_equal(new.memory.residuals["w"], old.memory.residuals["w"])
+    with pytest.raises(ValueError, match="this compression state was saved by"):
+        grace.sketch(bins=128, min_numel=0).load_state_dict(state)
+
+
 def test_a_checkpoint_of_fp16_from_before_its_min_numel_became_0_loads():
     """fp16's ``min_numel`` default became 0 (was 1024): its checkpoints, which hold no tensor's
     state, load into ``grace.fp16()`` with their byte counts; a pipeline with state per tensor

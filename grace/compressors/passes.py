@@ -10,9 +10,9 @@ from grace.compressor import Compressor
 class Passes(Compressor):
     """``inner`` applied ``count`` times: the first pass encodes the tensor, each further pass
     what the passes before it left (``inner.residual``), and the payload is the passes' payloads
-    one after another, decoded as their sum. With 1-bit SGD's two means per bucket, ``count``
-    passes send ``count`` bits per element and ``2 count`` means per bucket, ``2**count`` levels
-    per bucket placed by the data, where one pass has two. ``inner`` must keep no state of its own
+    one after another, decoded as their sum. With 1-bit SGD's two means per block, ``count``
+    passes send ``count`` bits per element and ``2 count`` means per block, ``2**count`` levels
+    per block placed by the data, where one pass has two. ``inner`` must keep no state of its own
     between encodings (every pass encodes under the same name). Residual binarization as in Guo et
     al., "Network Sketching: Exploiting Binary Structure in Deep CNNs", CVPR 2017."""
 

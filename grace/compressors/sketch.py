@@ -5,23 +5,24 @@ from functools import lru_cache
 import numpy as np
 
 from grace import native, steps
-from grace.compressor import Compressor, Seeded, compute_dtype, numel_of
+from grace.compressor import Compressor, Seeded, compute_dtype, numel_of, renamed
 from grace.kernels import accelerated
 from grace.validation import check_int
 
 SAMPLE = 1 << 16
-"""Larger tensors take their bucket boundaries from a uniform random sample of this many elements
+"""Larger tensors take their bins' boundaries from a uniform random sample of this many elements
 (sorting all of a large gradient would cost more than sending it)."""
 
 
 class Sketch(Seeded, Compressor):
     """SketchML's quantile sketch for gradient values: the values are cut at their quantiles into
-    ``buckets`` equal-count buckets; each element is sent as its bucket's id (one byte) and each
-    bucket as the mean of its elements, so an element's error is at most its bucket's width. The
+    ``bins`` equal-count bins (SketchML's buckets); each element is sent as its bin's id (one
+    byte) and each bin as the mean of its elements, so an element's error is at most its bin's
+    width. The
     quantiles are exact up to ``SAMPLE`` elements and, above, those of a uniform random sample of
     ``SAMPLE`` elements (a sketch's estimate, as in SketchML). Jiang et al.,
     "SketchML: Accelerating Distributed Machine Learning with Data Sketches", SIGMOD 2018 (values of
-    dense tensors; its MinMaxSketch for sparse keys is not needed here). A bucket's mean is a
+    dense tensors; its MinMaxSketch for sparse keys is not needed here). A bin's mean is a
     biased estimate of its elements, so what it rounds away is kept as error feedback (the
     ``residual`` memory, the default): without it the word model's perplexity rose after its
     first epochs to 313.8 against fp32's 162.7, with it 159.8 (docs/quality.md)."""
@@ -30,18 +31,19 @@ class Sketch(Seeded, Compressor):
     default_memory = "residual"
     default_communicator = "allgather"
 
-    def __init__(self, buckets: int = 256, seed: int = 0):
-        self.buckets = check_int("buckets", buckets, minimum=2)
-        if self.buckets > 256:
-            raise ValueError(f"buckets must be in [2, 256] (ids travel as one byte), got {buckets!r}")
+    def __init__(self, bins: int = 256, seed: int = 0, buckets: int | None = None):
+        bins = renamed("bins", bins, buckets, 256)
+        self.bins = check_int("bins", bins, minimum=2)
+        if self.bins > 256:
+            raise ValueError(f"bins must be in [2, 256] (ids travel as one byte), got {bins!r}")
         self._init_seed(seed)
 
     def params(self):
-        return {"buckets": self.buckets, "seed": self.seed}
+        return {"bins": self.bins, "seed": self.seed}
 
     def compress_flat(self, flat, name, ctx, ops):
         x = ops.cast(flat, compute_dtype(ctx.dtype))
-        n, b = ctx.numel, self.buckets
+        n, b = ctx.numel, self.bins
         m = min(n, SAMPLE)
         sample = x if m == n else ops.gather(x, self.indices(n, m, name, ctx, ops, like=flat))
         boundaries = ops.gather(ops.sort(sample), ops.constant(_cuts(m, b).copy(), "int32", like=flat))
@@ -54,17 +56,17 @@ class Sketch(Seeded, Compressor):
         return steps.unpack_values(ops, ids, means, bits=8, n=ctx.numel)
 
     def payload_nbytes(self, shape, itemsize):
-        return self.buckets * itemsize + numel_of(shape)
+        return self.bins * itemsize + numel_of(shape)
 
 
 @lru_cache(maxsize=64)
-def _cuts(m: int, buckets: int) -> np.ndarray:
-    """The ranks, in a sorted sample of ``m``, of the boundaries between ``buckets`` equal-count
-    buckets."""
-    return np.minimum(m - 1, (np.arange(1, buckets, dtype=np.int64) * m) // buckets).astype(np.int32)
+def _cuts(m: int, bins: int) -> np.ndarray:
+    """The ranks, in a sorted sample of ``m``, of the boundaries between ``bins`` equal-count
+    bins."""
+    return np.minimum(m - 1, (np.arange(1, bins, dtype=np.int64) * m) // bins).astype(np.int32)
 
 
-# The loop of sketch.c beside this file: each element's bucket, and the buckets' sums and counts.
+# The loop of sketch.c beside this file: each element's bin, and the bins' sums and counts.
 BUCKETIZE_LOOP = native.Loop("grace_bucketize_sums", (
     native.In(0), native.START, native.COUNT, native.In(1), native.In(2), native.In(3),
     native.Param("shift", native.INT), native.Param("buckets", native.INT32),
@@ -72,8 +74,8 @@ BUCKETIZE_LOOP = native.Loop("grace_bucketize_sums", (
 
 
 def _bucketize_loop(x: np.ndarray, boundaries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For float32 ``x``: each element's bucket (how many of at most 255 ``boundaries`` are <= it)
-    as a byte, and per bucket the float64 sum and count of its elements."""
+    """For float32 ``x``: each element's bin (how many of at most 255 ``boundaries`` are <= it)
+    as a byte, and per bin the float64 sum and count of its elements."""
     n = x.size
     table, low, high, shift = native.bucket_index(boundaries, 16 if n >= 1 << 17 else 14)
     ids = native.empty(n, np.uint8)
@@ -91,11 +93,12 @@ native.register("bucketize_sums", native.Kernel(_bucketize_loop, lambda x, bound
 
 @accelerated("bucketize_sums")
 def bucketize_sums(ops, x, boundaries):
-    """Each element's bucket among the ascending ``boundaries`` (uint8), and each of the
-    ``len(boundaries) + 1`` buckets' float64 sum and count."""
+    """Each element's bin among the ascending ``boundaries`` (uint8), and each of the
+    ``len(boundaries) + 1`` bins' float64 sum and count (``Ops.bucketize``: the bin's index, as
+    torch and numpy name it)."""
     b = ops.numel(boundaries) + 1
     ids = ops.cast(ops.bucketize(x, boundaries), "uint8")
-    wide = ops.cast(x, "float64")  # bucket sums in float64: a bucket's mean stays inside it
+    wide = ops.cast(x, "float64")  # bin sums in float64: a bin's mean stays inside it
     sums = ops.scatter_add(b, ops.cast(ids, "int32"), wide)
     counts = ops.scatter_add(b, ops.cast(ids, "int32"), ops.full(ops.numel(x), 1.0, "float64", like=x))
     return ids, sums, counts
