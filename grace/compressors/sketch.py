@@ -18,9 +18,8 @@ class Sketch(Seeded, Compressor):
     """SketchML's quantile sketch for gradient values: the values are cut at their quantiles into
     ``bins`` equal-count bins (SketchML's buckets); each element is sent as its bin's id (one
     byte) and each bin as the mean of its elements, so an element's error is at most its bin's
-    width. The
-    quantiles are exact up to ``SAMPLE`` elements and, above, those of a uniform random sample of
-    ``SAMPLE`` elements (a sketch's estimate, as in SketchML). Jiang et al.,
+    width. The quantiles are exact up to ``SAMPLE`` elements and, above, those of a uniform random
+    sample of ``SAMPLE`` elements (a sketch's estimate, as in SketchML). Jiang et al.,
     "SketchML: Accelerating Distributed Machine Learning with Data Sketches", SIGMOD 2018 (values of
     dense tensors; its MinMaxSketch for sparse keys is not needed here). A bin's mean is a
     biased estimate of its elements, so what it rounds away is kept as error feedback (the
@@ -95,7 +94,7 @@ native.register("bucketize_sums", native.Kernel(_bucketize_loop, lambda x, bound
 def bucketize_sums(ops, x, boundaries):
     """Each element's bin among the ascending ``boundaries`` (uint8), and each of the
     ``len(boundaries) + 1`` bins' float64 sum and count (``Ops.bucketize``: the bin's index, as
-    torch and numpy name it)."""
+    torch names it)."""
     b = ops.numel(boundaries) + 1
     ids = ops.cast(ops.bucketize(x, boundaries), "uint8")
     wide = ops.cast(x, "float64")  # bin sums in float64: a bin's mean stays inside it
