@@ -82,6 +82,7 @@ def test_auto_goes_through_the_owners_from_five_workers(tmp_path):
     assert loss(*only_k, ranks=ranks) > 1.02 * loss(*gathered, ranks=ranks)
 
 
+@pytest.mark.slow  # four real workers on two cores: half a minute (Makefile: test-slow)
 def test_four_workers_through_shard_owners(tmp_path):
     """4 Gloo workers: shards of 320 elements, top-k 16 of each, the owners keeping 32; a worker
     receives 2.25 payloads' worth, where gathering would receive three. 1-bit: each shard's signs
@@ -318,6 +319,7 @@ def test_gradient_predivide_factor_keeps_fp16_payloads_in_range(gloo_run):
     assert not np.isfinite(control[0]["w"]).all()
 
 
+@pytest.mark.slow  # three real workers on two cores: 20 s (Makefile: test-slow)
 def test_a_process_set_trains_as_a_job_of_its_size(tmp_path):
     horovodrun(os.path.join(ROOT, "tests", "workers", "torch_process_set.py"), str(tmp_path), np=3)
     expected_w, expected_b = reference.simulate(reference.topk_with_residual(0.05))
