@@ -22,8 +22,8 @@ def entries(tensors: list[Tensor], names: list[str], ops: Ops, granularity: str,
     of one dtype joined into one vector named after the bucket (``"bucket"``, a vector of the
     pipeline's own, which error feedback may write into). ``join_alike``: at ``"layer"``, join the
     tensors of one dtype and ``route`` (shape, dtype -> ``Route``) into one vector, for a codec
-    whose bits are the same either way (``Pipeline._joins_alike`` says when). ``overwrite`` and ``lent`` as
-    ``Pipeline.start_bucket`` takes them."""
+    whose bits are the same either way (``Pipeline._joins_alike`` says when). ``overwrite`` and
+    ``lent`` as ``Pipeline.start_bucket`` takes them."""
     whole = [Entry(name, [i], [ops.shape(t)], t, owned=overwrite, lent=overwrite and lent)
              for i, (t, name) in enumerate(zip(tensors, names))]
     if len(tensors) > 1 and join_alike and granularity == "layer":

@@ -331,7 +331,7 @@ class Pipeline:
                     ops: Ops, overwrite: bool = False, lent: bool = False) -> Exchange:
         tag = bucket_tag(names)
         # Collectives that fuse sums themselves leave an element-wise codec's tensors apart.
-        join_alike = len(tensors) > 1 and not sums_fused(group) and self._joins_alike()
+        join_alike = not sums_fused(group) and self._joins_alike()
         entries = joining.entries(list(tensors), list(names), ops, self.granularity, join_alike,
                                   lambda shape, dtype: self.plan(shape, dtype, ops),
                                   overwrite=overwrite, lent=lent)
