@@ -213,19 +213,26 @@ def test_a_part_left_out_of_its_pipelines_store_is_refused_not_left_out_of_the_r
         exchange(pipelines, steps=1)
 
 
+def grace_modules(root: Path) -> dict[str, tuple[Path, ast.Module]]:
+    """Every module of ``root``'s ``grace`` package by its dotted name: its file, parsed."""
+    modules = {}
+    for path in sorted((root / "grace").rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = (path, ast.parse(path.read_text()))
+    return modules
+
+
 def grace_imports(root: Path) -> dict[str, set[str]]:
     """Per module of ``root``'s ``grace`` package, the modules it imports, anywhere in its code
     (at the top or inside a function): ``from grace import native`` names ``grace.native``, and
     ``grace`` itself only where one of the names is the package's own attribute."""
-    modules = {}
-    for path in sorted((root / "grace").rglob("*.py")):
-        parts = list(path.relative_to(root).with_suffix("").parts)
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    modules = grace_modules(root)
     graph = {}
-    for name, path in modules.items():
+    for name, (path, tree) in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 found |= {alias.name for alias in node.names}
             elif isinstance(node, ast.ImportFrom):
@@ -265,8 +272,8 @@ def imports_by_name(root: Path) -> set[str]:
     """The modules of ``root``'s grace/ that import a module named by a string
     (``importlib.import_module``, ``__import__``), which ``grace_imports`` cannot follow."""
     found = set()
-    for path in sorted((root / "grace").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+    for path, tree in grace_modules(root).values():
+        for node in ast.walk(tree):
             if isinstance(node, ast.Call) and (getattr(node.func, "attr", None) == "import_module"
                                                or getattr(node.func, "id", None) == "__import__"):
                 found.add(str(path.relative_to(root)))
