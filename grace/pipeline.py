@@ -13,12 +13,11 @@ from grace.collectives import Collectives, sums_fused
 from grace.communicator import Communicator
 from grace.communicators.allgather import Allgather
 from grace.communicators.allreduce import Allreduce
-from grace.communicators.alltoall import ShardCodec, keeps_residual
+from grace.communicators.alltoall import Sharding
 from grace.compressor import Compressor, Context, numel_of
 from grace.compressors.none import NoneCompressor
 from grace.exchange import Entry, Exchange
 from grace.memories.none import NoneMemory
-from grace.memories.residual import ResidualMemory
 from grace.memory import Memory
 from grace.momentum import OptimizerMomentum
 from grace.ops import Ops, Tensor, ops_for
@@ -28,6 +27,7 @@ from grace.sparse import RowResidual, Rows, RowsCodec, payload_bytes_horovod
 from grace.state import StateStore, plain
 from grace.takeover import Takeover
 from grace.transaction import StepTransaction, carries_nonfinite, flag_of
+from grace.warmup import Warmup
 
 __all__ = ["GRANULARITIES", "Pipeline", "Route", "takes_overwrite"]
 
@@ -86,11 +86,8 @@ class Pipeline:
     returns NaN, so that a loss scaler sees the overflow and skips the step with nothing absorbed.
     Eagerly and under tf.function alike.
 
-    Warm-up (``warmup_steps``): the first ``warmup_steps`` exchanges of each tensor travel dense
-    (allreduce, no memory, counted in ``stats()`` as dense bytes sent), as PyTorch's PowerSGD hook
-    (``start_powerSGD_iter``), DGC's warm-up epochs and 1-bit Adam's freeze step do: early
-    gradients are large and change fast, which delayed residuals and quantization noise handle
-    worst. Exchanges are counted per tensor, skipped steps included; the count is saved state.
+    Warm-up (``warmup_steps``, ``grace.warmup``): the first ``warmup_steps`` exchanges of each
+    tensor travel dense (allreduce, no memory, counted in ``stats()`` as dense bytes sent).
 
     ``stats()`` reports, cumulatively for this worker, the payload bytes put into collectives
     (``bytes_sent``) against the bytes of the dense tensors (``bytes_dense``).
@@ -116,7 +113,6 @@ class Pipeline:
         self.memory = memory
         self.communicator = communicator
         self.check_finite = check_finite
-        self.warmup_steps = warmup_steps
         self.hierarchical = hierarchical
         self.built_while_tracing = next(
             (site for site in (where() for where in BUILT_WHILE_TRACING) if site is not None), None)
@@ -136,16 +132,15 @@ class Pipeline:
         """What the pipeline takes over from the wrapped optimizer (``grace.takeover``)."""
         self.rounds = Rounds(self.state_store, self._counters)
         self.transaction = StepTransaction(self.state_store)
-        self._exchanges: dict = {}  # per tensor: how many exchanges the warm-up has counted
+        self.warmup = Warmup(warmup_steps, self.state_store)
         self._dense_compressor = NoneCompressor()
         self._dense_communicator = Allreduce()
         self._row_residual = RowResidual()  # sparse gradients' error feedback, as rows
         self._row_communicator = Allgather()
-        # Error feedback at a shard's owner (communicator="alltoall"), where the workers keep some.
-        self._owner_memory = (ResidualMemory() if communicator.shards and keeps_residual(memory)
-                              else NoneMemory())
-        self._sharded: dict[int, ShardCodec] = {}
-        self._own(compressor, memory, self._dense_compressor, self._row_residual, self._owner_memory)
+        self.sharding = Sharding(compressor, memory, communicator, self._row_communicator, self._own)
+        """The shard owners' codecs and error feedback (``communicator="alltoall"``)."""
+        self._own(compressor, memory, self._dense_compressor, self._row_residual,
+                  self.sharding.owner_memory)
         self.reset_stats()
 
     min_numel = property(lambda self: self.planner.min_numel,
@@ -157,6 +152,9 @@ class Pipeline:
     bucket_bytes = property(lambda self: self.planner.bucket_bytes,
                             lambda self, value: setattr(self.planner, "bucket_bytes", value),
                             doc="Dense bytes per bucket (``Plan.buckets``).")
+    warmup_steps = property(lambda self: self.warmup.steps,
+                            lambda self, value: setattr(self.warmup, "steps", value),
+                            doc="Exchanges of each tensor sent dense first (``Warmup``).")
     keep_optimizer = property(lambda self: self.takeover.keep_optimizer,
                               lambda self, value: setattr(self.takeover, "keep_optimizer", value),
                               doc="Leave the wrapped optimizer as the user set it: take neither its "
@@ -287,9 +285,9 @@ class Pipeline:
             entry.transaction, entry.flagged = {}, True
         with self.state_store.within(entry.transaction):
             if encoded and self.warmup_steps:
-                exchange = self.state_store.counter(ops, self._exchanges, name)
+                exchange = self.warmup.count(name, ops)
                 # In a traced graph the count is a tensor: no warm-up for rows there.
-                encoded = not isinstance(exchange, int) or exchange >= self.warmup_steps
+                encoded = not isinstance(exchange, int) or not self.warmup.dense_now(exchange)
             residual = None if self.memory.stateless else self._row_residual
             velocity = self.takeover.row_velocity if self.takeover.taken is not None else None
             entry.compressor = RowsCodec(self.compressor, encoded, table, residual, velocity,
@@ -365,12 +363,12 @@ class Pipeline:
         dense, count = route == Route.DENSE, False
         if not dense and self.warmup_steps:
             # Read here; counted with the step's other state writes, so a skipped step undoes it.
-            exchange = self.state_store.counter(ops, self._exchanges, entry.name, 0)
+            exchange = self.warmup.exchanges_of(entry.name, ops)
             if not isinstance(exchange, int):
                 entry.flagged = self.check_finite
                 entry.deferred = self._traced_warmup(entry, exchange, group, ops)
                 return
-            dense, count = exchange < self.warmup_steps, True
+            dense, count = self.warmup.dense_now(exchange), True
         self._route(entry, dense, count, group, ops)
 
     def _route(self, entry: Entry, dense: bool, count: bool, group: Collectives, ops: Ops) -> None:
@@ -383,7 +381,8 @@ class Pipeline:
             entry.compressor, entry.memory, entry.communicator = (
                 self.compressor, self.memory, self.communicator.resolve(group.size))
             if entry.communicator.shards:
-                entry.compressor, entry.communicator = self._sharding(entry, group, ops)
+                entry.compressor, entry.communicator = self.sharding.parts(
+                    ops.numel(entry.source), entry.communicator, group.size)
         carries = carries_nonfinite(entry.compressor, entry.memory, entry.communicator)
         if self.check_finite and (count or not carries):
             entry.transaction = {}
@@ -393,7 +392,7 @@ class Pipeline:
             entry.flag = ops.nonfinite_flag(source)
         with self.state_store.within(entry.transaction):
             if count:
-                self.state_store.counter(ops, self._exchanges, entry.name)
+                self.warmup.count(entry.name, ops)
             # A lent tensor is not one to keep: a residual computed in it would be the caller's
             # again after the step (DDP writes the result, then the next gradient, into it).
             if entry.owned and not entry.lent and takes_overwrite(entry.memory):
@@ -408,18 +407,6 @@ class Pipeline:
             entry.vote = entry.compressor.not_smaller(ops.flatten(entry.compensated), entry.ctx, ops)
         else:
             self._encode(entry, group, ops)
-
-    def _sharding(self, entry: Entry, group: Collectives, ops: Ops) -> tuple[Compressor, Communicator]:
-        """A sharding communicator's codec, one shard per worker; a tensor with fewer elements
-        than workers (or a group of one) is gathered as it is."""
-        if group.size < 2 or ops.numel(entry.source) < group.size:
-            return self.compressor, self._row_communicator
-        codec = self._sharded.get(group.size)
-        if codec is None:
-            codec = self._sharded[group.size] = ShardCodec(self.compressor, group.size,
-                                                           self._owner_memory)
-            self._own(codec, codec.owner)
-        return codec, entry.communicator
 
     def _encode(self, entry: Entry, group: Collectives, ops: Ops) -> None:
         with self.state_store.within(entry.transaction):
@@ -468,9 +455,9 @@ class Pipeline:
         return deferred
 
     def _traced_warmup(self, entry: Entry, exchange: Any, group: Collectives, ops: Ops) -> Callable:
-        """In a traced graph the exchange count is only known when the graph runs: both ways are
-        built, and the count picks one then. The state written inside a branch must be committed
-        there, so the branch runs once the step's verdict is known (``finish_step``)."""
+        """In a traced graph the exchange count is only known when the graph runs (``Warmup.traced``).
+        The state written inside a way must be committed there, so the way runs once the step's
+        verdict is known (``finish_step``)."""
         def deferred(discard, scale):
             def way(dense: bool):
                 branch = Entry(entry.name, entry.positions, entry.shapes, entry.source)
@@ -479,13 +466,7 @@ class Pipeline:
                 if branch.deferred is not None:
                     return branch.deferred(discard, scale)
                 return self._exchange_now(branch, group, ops, scale, discard)
-            result = ops.cond(exchange < self.warmup_steps, lambda: way(True), lambda: way(False))
-            counted: dict | None = {} if self.check_finite else None
-            with self.state_store.within(counted):
-                self.state_store.counter(ops, self._exchanges, entry.name)
-            if counted is not None:
-                self.state_store.commit(ops, counted, ops.is_set(discard))
-            return result
+            return self.warmup.traced(entry.name, exchange, way, self.check_finite, discard, ops)
         return deferred
 
     def _exchange_now(self, entry: Entry, group: Collectives, ops: Ops, scale: float,
@@ -563,8 +544,8 @@ class Pipeline:
         moments = self.takeover.moments
         return {"compressor": self.compressor.state(), "memory": self.memory.state(),
                 "dense_memory": self._dense_memory.state(),
-                "owner_memory": self._owner_memory.state(),
-                "pipeline": {"exchanges": self._exchanges},
+                "owner_memory": self.sharding.owner_memory.state(),
+                "pipeline": {"exchanges": self.warmup.exchanges},
                 "rows": {k: v for part in (self._row_residual, self.takeover.row_velocity)
                          for k, v in vars(part).items() if isinstance(v, dict)},
                 "moments": {} if moments is None else moments.state()}

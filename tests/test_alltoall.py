@@ -516,8 +516,8 @@ def test_a_second_rounding_with_error_feedback_diverges_for_qsgd():
         pipelines = [grace.qsgd(communicator=route) for _ in range(workers)]
         if owner_residual:
             for p in pipelines:
-                p._owner_memory = ResidualMemory()
-                p._own(p._owner_memory)
+                p.sharding.owner_memory = ResidualMemory()
+                p._own(p.sharding.owner_memory)
         errors = []
         for s in range(steps):
             grads = [[gaussian((64, 300), 10 * s + r)] for r in range(workers)]

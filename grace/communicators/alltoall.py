@@ -3,13 +3,14 @@ all-gathered (``communicator="alltoall"``)."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from grace.communicator import Communicator, Started
 from grace.communicators.allgather import Allgather
 from grace.communicators.allreduce import Allreduce
 from grace.compressor import Compressor, Context, Payload, Sparse, numel_of, zero_sent
 from grace.memories.none import NoneMemory
+from grace.memories.residual import ResidualMemory
 from grace.memory import Memory
 from grace.ops import Ops, Tensor, index_dtype, ops_for
 from grace.packing import pack_bytes, packed_bytes, unpack_bytes
@@ -284,6 +285,34 @@ def owners_keep_it(compressor: Compressor, memory: Memory | None) -> bool:
     feedback on a stochastic rounding whose variance exceeds the value diverges (measured,
     tests/test_alltoall.py, docs/user-guide.md)."""
     return keeps_residual(memory) or compressor.owner_codec().sends_exactly
+
+
+class Sharding:
+    """The codecs of the shard owners' route, for the pipeline: one ``ShardCodec`` per size of
+    group the compressor is exchanged among (built at first use and given the pipeline's state
+    store by ``own``), all sharing the owners' error feedback (``owner_memory``: a residual where
+    the workers keep one, ``keeps_residual``, else none). A tensor with fewer elements than
+    workers, or a group of one, is not cut: it is gathered as it is (``gathered``)."""
+
+    def __init__(self, compressor: Compressor, memory: Memory, communicator: Communicator,
+                 gathered: Communicator, own: Callable[..., None]):
+        self.compressor = compressor
+        self.gathered = gathered
+        self.owner_memory: Memory = (ResidualMemory() if communicator.shards and keeps_residual(memory)
+                                     else NoneMemory())
+        self._codecs: dict[int, ShardCodec] = {}
+        self._own = own
+
+    def parts(self, numel: int, communicator: Communicator, size: int
+              ) -> tuple[Compressor, Communicator]:
+        """The codec and communicator of a tensor of ``numel`` elements among ``size`` workers."""
+        if size < 2 or numel < size:
+            return self.compressor, self.gathered
+        codec = self._codecs.get(size)
+        if codec is None:
+            codec = self._codecs[size] = ShardCodec(self.compressor, size, self.owner_memory)
+            self._own(codec, codec.owner)
+        return codec, communicator
 
 
 class Auto(Communicator):
