@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from scripts import compare, quality
 from scripts import time_to_accuracy as tta
+from scripts.studies import convergence_bars
 from scripts.tools import bench_compressors, bench_ddp_hooks, ddp_hook_time
 
 ROOT = compare.ROOT
@@ -105,6 +106,9 @@ TABLES: dict[str, Table] = {
                            "one --json file of ddp_hook_time.py"),
     "bench.sides": Table(lambda p: bench_compressors.sides_markdown(_json(*p)),
                          "one --json file of bench_compressors.py --before: two checkouts"),
+    "convergence_bars": Table(lambda p: convergence_bars.markdown(_json(*p)),
+                              "the record of scripts/studies/convergence_bars.py: the convergence "
+                              "test's bars"),
     "ddp_hooks.compare": Table(lambda p: bench_ddp_hooks.comparison(*map(_json, p)),
                                "two --json files of bench_ddp_hooks.py: before, after"),
 }

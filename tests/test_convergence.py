@@ -1,78 +1,116 @@
 """Every compressor at its defaults trains, on real data, with the optimizer a user already has: an
-MLP (784-128-10) on Fashion-MNIST, SGD with lr 0.05 and momentum 0.9 (the mnist workload's), 300
-steps on 2 real workers, PyTorch and TensorFlow (tests/workers/convergence.py).
+MLP (784-128-10) on Fashion-MNIST, SGD with lr 0.05 and momentum 0.9 (the mnist workload's), on 2
+real workers, PyTorch and TensorFlow (tests/workers/convergence.py), each run against uncompressed
+training of the same seed (grace's ``none``, held to Horovod's own allreduce weight for weight).
 
-The bar separates training from not training, not good from best (docs/quality.md measures that,
-to convergence). Uncompressed, the run ends at a loss of 0.41 and 84% test accuracy; a run that
-diverges (as DGC, random-k, 1-bit, EF-signSGD and the sign methods did here before their momentum
-was taken over or their learning rate given) stays at 2.3 (ln 10) or above, at 10%. Every run must
-end below half the untrained loss and within 12 points of the uncompressed run's accuracy, with
-finite weights, identical on every worker.
+Each compressor is held to its own bar at the test's length: the most points of test accuracy
+below the uncompressed run, and the largest ratio of final losses, that it reached over three
+seeds, plus a margin (the seeds' spread, at least 1 point and 0.1), as measured and recorded by
+``scripts/studies/convergence_bars.py`` (data/quality/convergence-bars.json; the table in
+docs/quality.md, "The convergence test"). A quality target (within 1 point of fp32 at convergence)
+is not what 300 steps can show: compressed training is still catching up there, by an amount of
+its own per compressor (top-k 3 points, two-bit 3-5, fp16 none), which is what the bars hold.
 
-What 300 steps cannot tell: whether error feedback works. Measured at this length, the
-error-feedback compressors are still behind (top-k 3.1 points below in PyTorch, 5.0 in TensorFlow,
-its loss 1.4x), and a top-k that drops its residual is no further behind (2.6 points, loss 1.3x):
-the residual pays off later. That a residual is kept, and what it holds, is held bit for bit
-against numpy models of each algorithm on real workers (tests/reference.py: test_horovod_torch.py,
-test_horovod_tensorflow.py, test_alltoall.py), and the quality benchmark measures the gaps to
-convergence (docs/quality.md)."""
+Error feedback pays later than 300 steps: a top-k that drops its residual ends 0.35 point lower
+there (2.55 points below the uncompressed run against 2.20, seed 0), within top-k's bar. So
+the compressors whose memory is error feedback also run to 1,500 steps (PyTorch), each beside
+itself without its memory: each meets its bar there, and without its memory ends lower in accuracy
+and higher in loss in the same run, for five of the seven outside the bar too (a broken variant
+fails the test). The error feedback arithmetic is one
+implementation for both frameworks, held bit for bit against numpy models in each
+(tests/reference.py), so the longer run is not repeated in TensorFlow.
+
+A compressor added to the catalogue without a recorded bar fails here, naming the study to run."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 
 import pytest
 
 import grace
+from scripts.studies import convergence_bars as study
 from tests.launch import ROOT, horovodrun
 
 # Minutes long: in `make test-slow` and CI, not in `make test` (Makefile).
 pytestmark = pytest.mark.slow
 
 WORKER = os.path.join(ROOT, "tests", "workers", "convergence.py")
-UNTRAINED_LOSS = math.log(10)
-MAX_LOSS = UNTRAINED_LOSS / 2
-MAX_ACCURACY_DROP = 0.12
+SEED = 0
+COMPRESSORS = grace.available()
+COMPARED = [name for name in COMPRESSORS if name != "none"]  # none is the reference itself
 
 
-# Every compressor in both frameworks (a fresh tf.function per compressor costs ~5 s here). The
-# reference is grace's ``none``; in PyTorch it is held to Horovod's own uncompressed allreduce
-# (``fp32``), weight for weight. In TensorFlow Horovod 0.28.1's own optimizer over a Keras 3
-# optimizer does not average (docs/tensorflow.md), so it cannot be the reference there.
-TF = grace.available()
+def _train(tmp_path_factory, framework: str, steps: int, names: list[str]) -> dict:
+    out = tmp_path_factory.mktemp("convergence") / f"{framework}-{steps}.json"
+    horovodrun(WORKER, str(out), "--framework", framework, "--compressors", ",".join(names),
+               "--steps", str(steps), "--seed", str(SEED), timeout=1800)
+    return json.loads(out.read_text())
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    results = {}
-    for framework, names in (("torch", ["fp32", *grace.available()]), ("tf", TF)):
-        out = tmp_path_factory.mktemp("convergence") / f"{framework}.json"
-        horovodrun(WORKER, str(out), "--framework", framework, "--compressors", ",".join(names),
-                   timeout=600)
-        results[framework] = json.loads(out.read_text())
-    return results
+def record() -> dict:
+    with open(study.RECORD) as f:
+        return json.load(f)
 
 
-CASES = [("torch", name) for name in grace.available()] + [("tf", name) for name in TF]
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    return {"torch": _train(tmp_path_factory, "torch", study.STEPS, ["fp32", *COMPRESSORS]),
+            "tf": _train(tmp_path_factory, "tf", study.STEPS, COMPRESSORS)}
 
 
-@pytest.mark.parametrize("framework, name", CASES)
-def test_every_compressor_trains_with_momentum_sgd(runs, framework, name):
-    run, reference = runs[framework][name], runs[framework]["none"]
-    assert run["finite"] and run["same_on_all_workers"]
-    assert run["loss_end"] < MAX_LOSS, run
-    assert run["accuracy"] > reference["accuracy"] - MAX_ACCURACY_DROP, (run, reference)
+@pytest.fixture(scope="module")
+def longer(tmp_path_factory) -> dict:
+    names = ["none", *study.ERROR_FEEDBACK, *map(study.without_memory, study.ERROR_FEEDBACK)]
+    return _train(tmp_path_factory, "torch", study.EF_STEPS, names)
+
+
+def _bar_of(record: dict, framework: str, steps: int, name: str) -> tuple[float, float]:
+    found = study.bars(record, framework, steps)
+    assert name in found, (f"{name!r} has no recorded bar for {framework} at {steps} steps: run "
+                           f"python -m scripts.studies.convergence_bars")
+    return found[name]
+
+
+@pytest.mark.parametrize("framework", ["torch", "tf"])
+@pytest.mark.parametrize("name", COMPARED)
+def test_every_compressor_ends_within_its_bar(runs, record, framework, name):
+    run, results = runs[framework][name], runs[framework]
+    assert run["finite"] and run["same_on_all_workers"], run
+    max_gap, max_loss = _bar_of(record, framework, study.STEPS, name)
+    assert study.gap(results, name) <= max_gap, (study.gap(results, name), max_gap, run)
+    assert study.loss_ratio(results, name) <= max_loss, (study.loss_ratio(results, name), max_loss)
+
+
+@pytest.mark.parametrize("name", study.ERROR_FEEDBACK)
+def test_error_feedback_meets_its_bar_and_pays_against_its_absence(longer, record, name):
+    """At 1,500 steps each error-feedback compressor ends within its bar; the same compressor with
+    its memory dropped (nothing else changed, same seed) ends lower in accuracy and higher in loss
+    (``memory_pays``), and, for those whose bar measures it at every seed, outside the bar."""
+    assert longer[name]["finite"] and longer[name]["same_on_all_workers"]
+    max_gap, max_loss = _bar_of(record, "torch", study.EF_STEPS, name)
+    kept = study.gap(longer, name)
+    assert kept <= max_gap and study.loss_ratio(longer, name) <= max_loss, (kept, max_gap)
+    broken = study.without_memory(name)
+    dropped = (study.gap(longer, broken), study.loss_ratio(longer, broken))
+    assert study.memory_pays(longer, name), (kept, study.loss_ratio(longer, name), dropped)
+    if name in study.BAR_MISSED_WITHOUT_MEMORY:
+        assert dropped[0] > max_gap or dropped[1] > max_loss, (dropped, max_gap, max_loss)
 
 
 def test_the_reference_is_horovods_own_uncompressed_allreduce_weight_for_weight(runs):
     """``none`` through grace's pipeline ends with the very weights of Horovod's own allreduce, so
-    that the bar below is set against uncompressed training, not against grace itself."""
+    that the bars are set against uncompressed training, not against grace itself."""
     assert runs["torch"]["none"]["digest"] == runs["torch"]["fp32"]["digest"]
 
 
 @pytest.mark.parametrize("framework", ["torch", "tf"])
-def test_the_uncompressed_run_is_what_the_bar_assumes(runs, framework):
+def test_the_uncompressed_run_trains(runs, longer, framework):
+    """What the bars are measured against learns: from ln 10 (2.30, chance) to a loss of 0.41
+    and 84% test accuracy at 300 steps, 0.27 and 87% at 1,500."""
     reference = runs[framework]["none"]
     assert reference["loss_end"] < 0.5 and reference["accuracy"] > 0.8
+    assert longer["none"]["loss_end"] < 0.35 and longer["none"]["accuracy"] > 0.85
+

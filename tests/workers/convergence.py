@@ -25,6 +25,7 @@ TEST_IMAGES = 2000
 
 
 def learning_rate(name: str) -> float:
+    name = name.partition("/")[0]
     if name == "signum":
         return sign.learning_rate()  # signum takes SGD's momentum over
     if name == "signsgd":
@@ -38,24 +39,29 @@ def data():
     return train_x, train_y, test_x[:TEST_IMAGES], test_y[:TEST_IMAGES]
 
 
-def initial_weights():
-    rng = np.random.default_rng(0)
+def initial_weights(seed: int):
+    rng = np.random.default_rng(seed)
     w1 = (rng.standard_normal((HIDDEN, 784)) * np.sqrt(2 / 784)).astype(np.float32)
     w2 = (rng.standard_normal((10, HIDDEN)) * np.sqrt(2 / HIDDEN)).astype(np.float32)
     return w1, np.zeros(HIDDEN, np.float32), w2, np.zeros(10, np.float32)
 
 
-def compression(name: str, hvd):
-    """``fp32``: Horovod's own uncompressed allreduce; else grace's compressor at its defaults."""
-    return hvd.Compression.none if name == "fp32" else grace.build(name)
+def compression(name: str, hvd=None):
+    """``fp32``: Horovod's own uncompressed allreduce; ``X/memory=none``: compressor X at its
+    defaults but without its memory (no residual, no momentum correction: the broken variant the
+    test's bars must fail); else grace's compressor at its defaults."""
+    if name == "fp32":
+        return hvd.Compression.none
+    name, _, memory = name.partition("/memory=")
+    return grace.build(name, memory=memory or None)
 
 
-def batches(rank: int, steps: int, n: int):
-    rng = np.random.default_rng(100 + rank)
+def batches(rank: int, steps: int, n: int, seed: int):
+    rng = np.random.default_rng(100 + rank + 1000 * seed)
     return [rng.integers(0, n, BATCH) for _ in range(steps)]
 
 
-def run_torch(names, steps):
+def run_torch(names, steps, seed):
     import horovod.torch as hvd
     import torch
 
@@ -67,13 +73,13 @@ def run_torch(names, steps):
         model = torch.nn.Sequential(torch.nn.Linear(784, HIDDEN), torch.nn.ReLU(),
                                     torch.nn.Linear(HIDDEN, 10))
         with torch.no_grad():
-            for p, w in zip(model.parameters(), initial_weights()):
+            for p, w in zip(model.parameters(), initial_weights(seed)):
                 p.copy_(torch.from_numpy(w))
         opt = torch.optim.SGD(model.parameters(), lr=learning_rate(name), momentum=MOMENTUM)
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                        compression=compression(name, hvd))
         losses = []
-        for idx in batches(hvd.rank(), steps, len(train_x)):
+        for idx in batches(hvd.rank(), steps, len(train_x), seed):
             idx = torch.from_numpy(idx)
             opt.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(train_x[idx]), train_y[idx])
@@ -87,7 +93,7 @@ def run_torch(names, steps):
     return hvd.rank(), results
 
 
-def run_tf(names, steps):
+def run_tf(names, steps, seed):
     import horovod.tensorflow as hvd
     import keras
     import tensorflow as tf
@@ -101,10 +107,10 @@ def run_tf(names, steps):
     for name in names:
         model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(HIDDEN, activation="relu"),
                                   keras.layers.Dense(10)])
-        w1, b1, w2, b2 = initial_weights()
+        w1, b1, w2, b2 = initial_weights(seed)
         model.set_weights([w1.T, b1, w2.T, b2])
         opt = hvd.DistributedOptimizer(keras.optimizers.SGD(learning_rate(name), momentum=MOMENTUM),
-                                       compression=grace.build(name))
+                                       compression=compression(name))
 
         @tf.function
         def step(x, y):
@@ -114,7 +120,7 @@ def run_tf(names, steps):
             return loss
 
         losses = [float(step(train_x[idx], train_y[idx]))
-                  for idx in batches(hvd.rank(), steps, len(train_x))]
+                  for idx in batches(hvd.rank(), steps, len(train_x), seed)]
         accuracy = float(np.mean(np.argmax(model(test_x).numpy(), 1) == test_y))
         weights = np.concatenate([w.ravel() for w in model.get_weights()])
         results[name] = summary(losses, accuracy, weights, hvd)
@@ -137,9 +143,10 @@ def main():
     parser.add_argument("--framework", choices=("torch", "tf"), required=True)
     parser.add_argument("--compressors", default=",".join(grace.available()))
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--seed", type=int, default=0, help="initial weights and batches")
     args = parser.parse_args()
     names = args.compressors.split(",")
-    rank, results = (run_torch if args.framework == "torch" else run_tf)(names, args.steps)
+    rank, results = (run_torch if args.framework == "torch" else run_tf)(names, args.steps, args.seed)
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -1,0 +1,210 @@
+"""The study behind tests/test_convergence.py's bars: how far each compressor at its defaults ends
+below uncompressed training at the test's length, over three seeds, and how far it ends when its
+memory (error feedback, momentum correction) is dropped.
+
+The test trains an MLP on real Fashion-MNIST on 2 real Horovod workers (tests/workers/convergence.py)
+for a few hundred steps. A compressor's quality target (docs/quality.md: within 1 point of fp32, 2
+for QSGD and TernGrad, 3 for signSGD and signum) holds at convergence, ten passes; at the test's
+length compressed training is still catching up, by an amount that differs per compressor (error
+feedback delays what it sends, two-bit's threshold more than most). So each compressor's bar at
+the test's length is measured here: its gap to the uncompressed run (grace's ``none``, which the
+test holds to Horovod's own allreduce) at each seed, in both frameworks (``STEPS``), and, for the
+compressors whose memory is error feedback, at the length where the residual has paid off
+(``EF_STEPS``, PyTorch), beside the same compressor without its memory (``X/memory=none``: the
+broken variant the bar must fail).
+
+    .venv/bin/python -m scripts.studies.convergence_bars    # ~1 hour on 2 cores; from the root
+
+writes ``RECORD`` (data/quality/convergence-bars.json), which the test reads its bars from
+(``bars``) and docs/quality.md's table is generated from (``markdown``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from scripts import ROOT
+
+STEPS = 300
+"""The test's length for every compressor, in both frameworks (tests/test_convergence.py)."""
+EF_STEPS = 1500
+"""The length at which error feedback has paid off on this MLP: dropping top-k's residual costs
+2.5 points there (seed 0), against nothing at ``STEPS``."""
+ERROR_FEEDBACK = ("topk", "randomk", "threshold", "dgc", "onebit", "efsignsgd", "powersgd")
+"""The compressors whose memory is error feedback that pays at ``EF_STEPS``: without it each ends
+lower in test accuracy and higher in loss (by ``MEMORY_PAYS`` at least) than with it, at every seed
+measured. Not here, with why (seed 0): sketch and INCEPTIONN, whose codecs lose too little for
+their residual to matter at this length (without it sketch ends 0.25 point above the uncompressed
+run and INCEPTIONN 0.55 below, against 0.50 and 0.75 below with it); AdaQ and
+two-bit, whose memory carries the momentum, which without it the optimizer applies instead (two-bit
+ends closer to fp32 without it at this length, 1.05 points against 4.95, and meets its target at
+convergence with it, docs/quality.md)."""
+MEMORY_PAYS = 0.05
+"""How much higher, at least, the ratio of final losses ends without the memory (measured: 0.11 at
+the least, PowerSGD at seed 1; 0.22 at the least at seed 0, the test's)."""
+BAR_MISSED_WITHOUT_MEMORY = ("topk", "randomk", "dgc", "onebit", "efsignsgd")
+"""Those whose bar at ``EF_STEPS`` a run without the memory misses at every seed measured. For
+threshold and PowerSGD the memory's worth shows in the paired run (same seed, ``MEMORY_PAYS``) but
+not beyond the seeds' spread of the gap: without it threshold ends 1.85-2.4 points below where its
+bar is 2.95, PowerSGD 1.4-7.7 where its bar is 2.7."""
+SEEDS = (0, 1, 2)
+MIN_MARGIN = 1.0
+"""Points of accuracy a bar leaves above the largest gap measured, at least: the test accuracy is
+over 2,000 images, where one image is 0.05 point and a change that moves the result as another seed
+would is within the seeds' spread (the margin, where larger)."""
+MIN_LOSS_MARGIN = 0.1
+"""The same for the ratio of the final training loss to the uncompressed run's."""
+RECORD = os.path.join(ROOT, "data", "quality", "convergence-bars.json")
+WORKER = os.path.join(ROOT, "tests", "workers", "convergence.py")
+
+
+def without_memory(name: str) -> str:
+    return f"{name}/memory=none"
+
+
+def run(framework: str, steps: int, seed: int, names: list[str], timeout: float = 3600) -> dict:
+    """One horovodrun of the test's worker (2 workers, Gloo): each compressor's summary."""
+    from scripts.compare import _run
+
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.json")
+        _run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, WORKER, out,
+              "--framework", framework, "--steps", str(steps), "--seed", str(seed),
+              "--compressors", ",".join(names)], timeout)
+        with open(out) as f:
+            return json.load(f)
+
+
+def plan(names: list[str]) -> list[tuple[str, int, int, list[str]]]:
+    """The study's runs, (framework, steps, seed, compressors), for ``names`` (the uncompressed
+    run always among them: each gap is to the run of the same job)."""
+    names = ["none", *(n for n in names if n != "none")]
+    longer = [n for n in ERROR_FEEDBACK if n in names]
+    runs = []
+    for seed in SEEDS:
+        runs.append(("torch", STEPS, seed, ["fp32", *names]))
+        runs.append(("tf", STEPS, seed, names))
+    for seed in SEEDS if longer else ():
+        runs.append(("torch", EF_STEPS, seed, ["none", *longer, *map(without_memory, longer)]))
+    return runs
+
+
+def gap(results: dict, name: str) -> float:
+    """Points of test accuracy below the uncompressed run of the same seed and code."""
+    return 100 * (results["none"]["accuracy"] - results[name]["accuracy"])
+
+
+def loss_ratio(results: dict, name: str) -> float:
+    return results[name]["loss_end"] / results["none"]["loss_end"]
+
+
+def measured(record: dict, framework: str, steps: int) -> dict[str, dict[str, list[float]]]:
+    """Per compressor: its gaps and loss ratios at each seed of the record, in seed order; where
+    a compressor ran twice at a seed (a later ``--compressors`` run), the later run's."""
+    by_seed: dict[str, dict[int, tuple[float, float]]] = {}
+    for entry in record["runs"]:
+        if entry["framework"] == framework and entry["steps"] == steps:
+            for name in entry["results"]:
+                by_seed.setdefault(name, {})[entry["seed"]] = (gap(entry["results"], name),
+                                                               loss_ratio(entry["results"], name))
+    return {name: {"gap": [seeds[s][0] for s in sorted(seeds)],
+                   "loss": [seeds[s][1] for s in sorted(seeds)]} for name, seeds in by_seed.items()}
+
+
+def memory_pays(results: dict, name: str) -> bool:
+    """Whether ``name`` ends better with its memory than without it, in the same job: higher in
+    test accuracy, and lower in loss by ``MEMORY_PAYS`` of the uncompressed run's."""
+    broken = without_memory(name)
+    return (gap(results, broken) > gap(results, name)
+            and loss_ratio(results, broken) - loss_ratio(results, name) >= MEMORY_PAYS)
+
+
+def bar(values: list[float], minimum: float) -> float:
+    """The largest value measured plus a margin: the seeds' spread, at least ``minimum``."""
+    return max(values) + max(max(values) - min(values), minimum)
+
+
+def bars(record: dict, framework: str, steps: int) -> dict[str, tuple[float, float]]:
+    """Per compressor: (the most points of accuracy below the uncompressed run, the largest ratio
+    of final losses) a run of this length may end at."""
+    return {name: (bar(row["gap"], MIN_MARGIN), bar(row["loss"], MIN_LOSS_MARGIN))
+            for name, row in measured(record, framework, steps).items()}
+
+
+def _cell(values: list[float], fmt: str) -> str:
+    return " / ".join(format(v, fmt) for v in values)
+
+
+def markdown(record: dict) -> str:
+    """The table of docs/quality.md, "The convergence test": each compressor's gap per seed and
+    bar at the test's length in both frameworks, and at ``EF_STEPS`` with and without its memory."""
+    torch, tf = measured(record, "torch", STEPS), measured(record, "tf", STEPS)
+    bars_torch, bars_tf = bars(record, "torch", STEPS), bars(record, "tf", STEPS)
+    seeds = " / ".join(str(s) for s in sorted({e["seed"] for e in record["runs"]}))
+    lines = [f"| compressor | PyTorch, {STEPS} steps: gap at seeds {seeds} | bar (gap; loss ×) | "
+             f"TensorFlow, {STEPS} steps: gap | bar (gap; loss ×) |",
+             "|---|---:|---:|---:|---:|"]
+    for name in sorted(set(torch) | set(tf)):
+        if name in ("none", "fp32"):
+            continue
+        cells = []
+        for rows, found in ((torch, bars_torch), (tf, bars_tf)):
+            if name in rows:
+                cells += [_cell(rows[name]["gap"], ".2f"),
+                          f"{found[name][0]:.2f}; {found[name][1]:.2f}"]
+            else:
+                cells += ["", ""]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    ef, ef_bars = measured(record, "torch", EF_STEPS), bars(record, "torch", EF_STEPS)
+    lines += ["", f"| compressor, PyTorch, {EF_STEPS} steps | gap at seeds {seeds} | loss × | bar (gap; "
+              f"loss ×) | without its memory: gap | loss × |", "|---|---:|---:|---:|---:|---:|"]
+    for name in ERROR_FEEDBACK:
+        if name not in ef:
+            continue
+        broken = ef[without_memory(name)]
+        lines.append(f"| {name} | {_cell(ef[name]['gap'], '.2f')} | {_cell(ef[name]['loss'], '.2f')} | "
+                     f"{ef_bars[name][0]:.2f}; {ef_bars[name][1]:.2f} | {_cell(broken['gap'], '.2f')} | "
+                     f"{_cell(broken['loss'], '.2f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=ROOT).stdout.strip()
+
+
+def main() -> None:
+    from tqdm import tqdm
+
+    import grace
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=RECORD)
+    parser.add_argument("--compressors", default=",".join(grace.available()),
+                        help="these (a compressor added to the catalogue), their runs added to the "
+                             "record's, each compressor's latest run counting; default: every one, "
+                             "a new record")
+    args = parser.parse_args()
+    record = {"runs": []}
+    if args.compressors != parser.get_default("compressors") and os.path.exists(args.out):
+        with open(args.out) as f:
+            record = json.load(f)
+    for framework, steps, seed, names in tqdm(plan(args.compressors.split(",")), desc="runs",
+                                              unit="run"):
+        record["runs"].append({"framework": framework, "steps": steps, "seed": seed,
+                               "recorded": datetime.date.today().isoformat(), "commit": _commit(),
+                               "results": run(framework, steps, seed, names)})
+        with open(args.out, "w") as f:  # kept after each run: an hour's work
+            json.dump(record, f, indent=1)
+    print(markdown(record))
+
+
+if __name__ == "__main__":
+    main()
