@@ -1,24 +1,27 @@
-"""Every compressor at its defaults trains, on real data, with the optimizer a user already has: an
-MLP (784-128-10) on Fashion-MNIST, SGD with lr 0.05 and momentum 0.9 (the mnist workload's), on 2
-real workers, PyTorch and TensorFlow (tests/workers/convergence.py), each run against uncompressed
+"""Every compressor at its defaults trains, on real data, with the optimizer a user already has: an MLP
+(784-128-10) on Fashion-MNIST, SGD with lr 0.05 and momentum 0.9 (the mnist workload's), on 2 real
+workers, PyTorch and TensorFlow (tests/workers/convergence.py), each run against uncompressed
 training of the same seed (grace's ``none``, held to Horovod's own allreduce weight for weight).
 
-Each compressor is held to its own bar at the test's length: the most points of test accuracy
-below the uncompressed run, and the largest ratio of final losses, that it reached over three
-seeds, plus a margin (the seeds' spread, at least 1 point and 0.1), as measured and recorded by
+Each compressor is held to its own bar at the test's length: the most points of test accuracy below
+the uncompressed run, and the largest ratio of final losses, that it reached over three seeds, plus
+a margin (the seeds' spread, at least 1 point and 0.1), as measured and recorded by
 ``scripts/studies/convergence_bars.py`` (data/quality/convergence-bars.json; the table in
 docs/quality.md, "The convergence test"). A quality target (within 1 point of fp32 at convergence)
-is not what 300 steps can show: compressed training is still catching up there, by an amount of
-its own per compressor (top-k 3 points, two-bit 3-5, fp16 none), which is what the bars hold.
+is not what 300 steps can show: compressed training is still catching up there, by an amount of its
+own per compressor and seed (fp16 at most 0.35 point, top-k 1.4-9, two-bit 3-9.5), which is what the
+bars hold. Where the seeds disagree the bars are wide (two-bit's in PyTorch 16 points): at 300 steps
+they catch a run that diverges or stalls, not a small loss of quality. Nor is a final loss within
+25% of fp32's: top-k, two-bit, signSGD and AdaQ end 1.26-1.62 times the uncompressed loss at every
+seed, and PowerSGD in TensorFlow up to 1.32, with nothing broken.
 
 Error feedback pays later than 300 steps: a top-k that drops its residual ends 0.35 point lower
-there (2.55 points below the uncompressed run against 2.20, seed 0), within top-k's bar. So
-the compressors whose memory is error feedback also run to 1,500 steps (PyTorch), each beside
-itself without its memory: each meets its bar there, and without its memory ends lower in accuracy
-and higher in loss in the same run, for five of the seven outside the bar too (a broken variant
-fails the test). The error feedback arithmetic is one
-implementation for both frameworks, held bit for bit against numpy models in each
-(tests/reference.py), so the longer run is not repeated in TensorFlow.
+there (2.55 points below the uncompressed run against 2.20, seed 0), within top-k's bar. So the
+compressors whose memory is error feedback also run to 1,500 steps (PyTorch), each beside itself
+without its memory: each meets its bar there, and without its memory ends lower in accuracy and
+higher in loss in the same run, for five of the seven outside the bar too (a broken variant fails
+the test). The error feedback arithmetic is one implementation for both frameworks, held bit for bit
+against numpy models in each (tests/reference.py), so the longer run is not repeated in TensorFlow.
 
 A compressor added to the catalogue without a recorded bar fails here, naming the study to run."""
 
@@ -107,10 +110,15 @@ def test_the_reference_is_horovods_own_uncompressed_allreduce_weight_for_weight(
 
 
 @pytest.mark.parametrize("framework", ["torch", "tf"])
-def test_the_uncompressed_run_trains(runs, longer, framework):
-    """What the bars are measured against learns: from ln 10 (2.30, chance) to a loss of 0.41
-    and 84% test accuracy at 300 steps, 0.27 and 87% at 1,500."""
+def test_the_uncompressed_run_trains(runs, framework):
+    """What the bars are measured against learns: from ln 10 (2.30, chance) to a loss of 0.41 and
+    84% test accuracy at 300 steps."""
     reference = runs[framework]["none"]
     assert reference["loss_end"] < 0.5 and reference["accuracy"] > 0.8
+
+
+def test_the_longer_uncompressed_run_trains_further(runs, longer):
+    """At 1,500 steps: a loss of 0.27 and 87%."""
     assert longer["none"]["loss_end"] < 0.35 and longer["none"]["accuracy"] > 0.85
+    assert longer["none"]["loss_end"] < runs["torch"]["none"]["loss_end"]
 

@@ -23,10 +23,10 @@ def _entry(seed: int, results: dict, framework: str = "torch", steps: int = stud
     return {"framework": framework, "steps": steps, "seed": seed, "results": results}
 
 
-RECORD = {"runs": [
+RECORD = {"runs": [  # seeds out of order: each comes out in seed order
+    _entry(2, _results((0.81, 0.40), topk=(0.80, 0.44), fp16=(0.81, 0.42))),
     _entry(0, _results((0.80, 0.40), topk=(0.78, 0.50), fp16=(0.80, 0.40))),
     _entry(1, _results((0.82, 0.50), topk=(0.77, 0.60), fp16=(0.815, 0.50))),
-    _entry(2, _results((0.81, 0.40), topk=(0.80, 0.44), fp16=(0.81, 0.42))),
     _entry(0, _results((0.5, 1.0), topk=(0.1, 9.0)), framework="tf"),  # another set-up: not counted
 ]}
 
@@ -87,3 +87,14 @@ def test_the_recorded_study_covers_every_compressor_at_every_seed_and_each_bar_f
                     or study.loss_ratio(results, broken) > bars[name][1]):
                 missed_everywhere.discard(name)
     assert missed_everywhere == set(study.BAR_MISSED_WITHOUT_MEMORY)
+
+
+def test_at_the_tests_length_a_top_k_without_its_residual_is_within_top_ks_bar():
+    """Why the error-feedback compressors also run longer: at 300 steps dropping the residual costs
+    top-k 0.35 point (seed 0, PyTorch; one test image is 0.05), which its bar cannot see."""
+    with open(study.RECORD) as f:
+        record = json.load(f)
+    found, bars = study.measured(record, "torch", study.STEPS), study.bars(record, "torch", study.STEPS)
+    broken = found[study.without_memory("topk")]
+    assert broken["gap"][0] - found["topk"]["gap"][0] == pytest.approx(0.35, abs=1e-3)
+    assert broken["gap"][0] <= bars["topk"][0] and broken["loss"][0] <= bars["topk"][1]
