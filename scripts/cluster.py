@@ -49,10 +49,10 @@ def is_root() -> bool:
 def can_emulate() -> tuple[bool, str]:
     """Whether this process can build namespaces and shape links, and why not."""
     if not is_root():
-        return False, "needs root (network namespaces and tc); falling back to unshaped localhost"
+        return False, "needs root (network namespaces and tc)"
     for tool in ("ip", "tc"):
         if subprocess.run(["which", tool], capture_output=True).returncode != 0:
-            return False, f"`{tool}` (Debian's iproute2) is missing; falling back to unshaped localhost"
+            return False, f"`{tool}` (Debian's iproute2) is missing"
     return True, ""
 
 

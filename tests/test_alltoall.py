@@ -249,7 +249,7 @@ SPARSIFIERS = {"topk": {"ratio": 0.25}, "dgc": {"ratio": 0.25}}
 
 @pytest.mark.parametrize("name, workers", [("twobit", 3), ("twobit", 4), ("onebit", 4), ("topk", 3)] + [
     (name, 3) for name in ("dgc", "qsgd", "terngrad", "signsgd", "signum", "efsignsgd", "natural",
-                           "u8bit", "sketch")])
+                           "u8bit", "sketch", "bf16")])
 def test_bytes_through_the_owners_are_the_shards_payloads_exactly(name, workers):
     """A worker's bytes through the owners, counted from the shards' own sizes: it sends its n-1
     other shards' payloads (with a 4-byte length for each part whose size varies) and its own
@@ -263,13 +263,17 @@ def test_bytes_through_the_owners_are_the_shards_payloads_exactly(name, workers)
     # elements in the first shard (251) and of 1,003 in the others (250), for the same reason.
     params = SPARSIFIERS.get(name, {})
     numel = 1003 * workers + 1 if params else 512 * workers + 1
+    # The numpy reference backend has no bfloat16: bf16's tensors are PyTorch's.
+    import torch
+
+    tensor = torch.from_numpy if name == "bf16" else (lambda x: x)
     pipelines = [grace.build(name, communicator="alltoall", **params) for _ in range(workers)]
-    exchange(pipelines, [[gaussian(numel, r)] for r in range(workers)], 1.0 / workers)
+    exchange(pipelines, [[tensor(gaussian(numel, r))] for r in range(workers)], 1.0 / workers)
     inner = pipelines[0].compressor
     sizes = shard_sizes(numel, workers)
 
     def payload(codec, m, seed):  # the parts of one shard's payload, as the codec encodes them
-        parts, _ = codec.compress(gaussian(m, seed), f"probe-{m}-{seed}")  # state apart
+        parts, _ = codec.compress(tensor(gaussian(m, seed)), f"probe-{m}-{seed}")  # state apart
         return [p.nbytes for p in parts]
 
     if params:  # the shards' payloads differ, as the comment above says
