@@ -47,6 +47,13 @@ def test_a_bar_is_the_largest_value_plus_the_spread_or_the_minimum_margin():
     assert bars["none"] == pytest.approx((1.0, 1.1))
 
 
+def test_no_gap_bar_is_looser_than_the_former_bar_for_all():
+    wide = {"runs": [_entry(s, _results((0.80, 0.40), twobit=(0.80 - gap / 100, 0.60)))
+                     for s, gap in ((0, 10.0), (1, 2.0), (2, 11.0))]}
+    assert study.bars(wide, "torch", study.STEPS)["twobit"][0] == pytest.approx(study.MAX_GAP)  # not 20
+    assert study.MAX_GAP == 12.0
+
+
 def test_a_later_run_at_a_seed_replaces_the_earlier():
     later = {"runs": RECORD["runs"] + [_entry(1, _results((0.82, 0.5), topk=(0.81, 0.55)))]}
     found = study.measured(later, "torch", study.STEPS)
