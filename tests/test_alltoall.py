@@ -311,14 +311,12 @@ def test_bytes_through_the_owners_are_counted_exactly_where_sizes_vary(name, wor
     pipelines = [grace.build(name, communicator="alltoall") for _ in range(workers)]
     exchange(pipelines, [[g] for g in grads], 1.0 / workers)
     assert not pipelines[0].compressor.fixed_size
-    ops, sizes = ops_for(grads[0]), shard_sizes(numel, workers)
-    starts = np.cumsum([0] + sizes)
+    ops = ops_for(grads[0])
     shards = {}  # (worker, shard) -> payload
     for r, g in enumerate(grads):
         probe = grace.build(name, communicator="alltoall")  # a worker's codec and memory, fresh
         compensated = ops.flatten(probe.memory.compensate(g, "w", ops))
-        for j in range(workers):
-            piece = compensated[starts[j]:starts[j + 1]]
+        for j, piece in enumerate(ops.split(compensated, shard_sizes(numel, workers))):
             shards[r, j] = probe.compressor.compress(piece, f"w/{j}", ops, rank=r)
     owners = {}
     for j in range(workers):

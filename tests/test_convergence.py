@@ -55,8 +55,7 @@ def _train(tmp_path_factory, framework: str, steps: int, names: list[str]) -> di
 
 @pytest.fixture(scope="module")
 def record() -> dict:
-    with open(study.RECORD) as f:
-        return json.load(f)
+    return study.load()
 
 
 @pytest.fixture(scope="module")

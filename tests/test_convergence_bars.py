@@ -5,8 +5,6 @@ earlier, and the recorded study covers the test's set-up."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 import grace
@@ -74,8 +72,7 @@ def test_the_recorded_study_covers_every_compressor_at_every_seed_and_each_bar_f
     compressors at the longer one, every seed; and at the longer length, at every seed, each
     compressor ended better with its memory than without (``memory_pays``), and without it outside
     its bar for those the study says (what the slow test asserts again, live, at its seed)."""
-    with open(study.RECORD) as f:
-        record = json.load(f)
+    record = study.load()
     for framework, steps, names in (("torch", study.STEPS, grace.available()),
                                     ("tf", study.STEPS, grace.available()),
                                     ("torch", study.EF_STEPS, study.ERROR_FEEDBACK)):
@@ -99,8 +96,7 @@ def test_the_recorded_study_covers_every_compressor_at_every_seed_and_each_bar_f
 def test_at_the_tests_length_a_top_k_without_its_residual_is_within_top_ks_bar():
     """Why the error-feedback compressors also run longer: at 300 steps dropping the residual costs
     top-k 0.35 point (seed 0, PyTorch; one test image is 0.05), which its bar cannot see."""
-    with open(study.RECORD) as f:
-        record = json.load(f)
+    record = study.load()
     found, bars = study.measured(record, "torch", study.STEPS), study.bars(record, "torch", study.STEPS)
     broken = found[study.without_memory("topk")]
     assert broken["gap"][0] - found["topk"]["gap"][0] == pytest.approx(0.35, abs=1e-3)

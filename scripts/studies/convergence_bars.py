@@ -68,6 +68,12 @@ RECORD = os.path.join(ROOT, "data", "quality", "convergence-bars.json")
 WORKER = os.path.join(ROOT, "tests", "workers", "convergence.py")
 
 
+def load(path: str = RECORD) -> dict:
+    """The recorded study (``RECORD``)."""
+    with open(path) as f:
+        return json.load(f)
+
+
 def without_memory(name: str) -> str:
     return f"{name}/memory=none"
 
@@ -209,8 +215,7 @@ def main() -> None:
     args = parser.parse_args()
     record = {"runs": []}
     if args.compressors != parser.get_default("compressors") and os.path.exists(args.out):
-        with open(args.out) as f:
-            record = json.load(f)
+        record = load(args.out)
     partial = args.out + ".partial"  # the record so far, after each run: an hour's work
     for framework, steps, seed, names in tqdm(plan(args.compressors.split(",")), desc="runs",
                                               unit="run"):
