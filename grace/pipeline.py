@@ -3,45 +3,29 @@ and the fused exchange of buckets of tensors."""
 
 from __future__ import annotations
 
-import inspect
-from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from grace import checkpoint, hierarchy, joining
 from grace.bucketing import DEFAULT_BUCKET_BYTES, bucket_tag
 from grace.collectives import Collectives, sums_fused
 from grace.communicator import Communicator
-from grace.communicators.allgather import Allgather
-from grace.communicators.allreduce import Allreduce
 from grace.communicators.alltoall import Sharding
-from grace.compressor import Compressor, Context, numel_of
-from grace.compressors.none import NoneCompressor
-from grace.exchange import Entry, Exchange
-from grace.memories.none import NoneMemory
+from grace.compressor import Compressor
+from grace.encoding import Encoding, takes_overwrite
+from grace.exchange import Exchange
 from grace.memory import Memory
 from grace.momentum import OptimizerMomentum
 from grace.ops import Ops, Tensor, ops_for
 from grace.plan import GRANULARITIES, Plan, Route
 from grace.rounds import Rounds, run_together
-from grace.sparse import RowResidual, Rows, RowsCodec, payload_bytes_horovod
+from grace.row_exchange import RowExchange
+from grace.sparse import Rows
 from grace.state import StateStore, plain
 from grace.takeover import Takeover
-from grace.transaction import StepTransaction, carries_nonfinite, flag_of
+from grace.transaction import StepTransaction, flag_of
 from grace.warmup import Warmup
 
 __all__ = ["GRANULARITIES", "Pipeline", "Route", "takes_overwrite"]
-
-
-def takes_overwrite(memory: Memory) -> bool:
-    """Whether ``memory.compensate`` takes ``overwrite`` (a memory written before it was, with
-    ``compensate(tensor, name, ops)``, keeps working: it is called as it was written)."""
-    kind = type(memory)
-    if kind not in _TAKES_OVERWRITE:
-        _TAKES_OVERWRITE[kind] = "overwrite" in inspect.signature(kind.compensate).parameters
-    return _TAKES_OVERWRITE[kind]
-
-
-_TAKES_OVERWRITE: dict[type, bool] = {}
 
 
 BUILT_WHILE_TRACING: list[Callable[[], Any]] = []
@@ -112,7 +96,6 @@ class Pipeline:
         self.compressor = compressor
         self.memory = memory
         self.communicator = communicator
-        self.check_finite = check_finite
         self.hierarchical = hierarchical
         self.built_while_tracing = next(
             (site for site in (where() for where in BUILT_WHILE_TRACING) if site is not None), None)
@@ -133,14 +116,16 @@ class Pipeline:
         self.rounds = Rounds(self.state_store, self._counters)
         self.transaction = StepTransaction(self.state_store)
         self.warmup = Warmup(warmup_steps, self.state_store)
-        self._dense_compressor = NoneCompressor()
-        self._dense_communicator = Allreduce()
-        self._row_residual = RowResidual()  # sparse gradients' error feedback, as rows
-        self._row_communicator = Allgather()
-        self.sharding = Sharding(compressor, memory, communicator, self._row_communicator, self._own)
+        self.rows = RowExchange(compressor, memory, self.planner, self.takeover, self.warmup,
+                                self.rounds, self.state_store, self._counters, check_finite, self._own)
+        """Sparse gradients exchanged as rows (``start_sparse``)."""
+        self.sharding = Sharding(compressor, memory, communicator, self.rows.communicator, self._own)
         """The shard owners' codecs and error feedback (``communicator="alltoall"``)."""
-        self._own(compressor, memory, self._dense_compressor, self._row_residual,
-                  self.sharding.owner_memory)
+        self.encoding = Encoding(compressor, memory, communicator, self.planner, self.takeover,
+                                 self.warmup, self.sharding, self.rounds, self.transaction,
+                                 self.state_store, self._counters, check_finite)
+        """Each entry's way this step, error feedback around the codec, the vote on its form."""
+        self._own(compressor, memory, self.encoding.dense_compressor, self.sharding.owner_memory)
         self.reset_stats()
 
     min_numel = property(lambda self: self.planner.min_numel,
@@ -161,6 +146,16 @@ class Pipeline:
                                   "momentum nor Adam's moments over; a part that applies momentum "
                                   "itself applies only what it was given.")
 
+    @property
+    def check_finite(self) -> bool:
+        """Whether a step with an Inf or NaN in any worker's gradient is dropped by every worker
+        (``StepTransaction``), which the encoding and the rows' exchange prepare for."""
+        return self.encoding.check_finite
+
+    @check_finite.setter
+    def check_finite(self, value: bool) -> None:
+        self.encoding.check_finite = self.rows.check_finite = value
+
     def _own(self, *parts: Any) -> None:
         """Give ``parts`` this pipeline's state store."""
         for part in parts:
@@ -169,7 +164,7 @@ class Pipeline:
     @property
     def _dense_memory(self) -> Memory:
         """The memory of the tensors that travel dense: the momentum taken over, if any."""
-        return self.takeover.dense_memory
+        return self.encoding.dense_memory
 
     def __repr__(self) -> str:
         dense = "" if self._dense_memory.stateless else f", dense_memory={self._dense_memory!r}"
@@ -275,33 +270,7 @@ class Pipeline:
             raise ValueError(f"hierarchical=True sums each host's gradients dense before "
                              f"compressing, which a sparse gradient ({name!r}) cannot be: pass "
                              f"sparse_as_dense=True to the optimizer wrapper")
-        table = tuple(int(d) for d in rows.dense_shape)
-        width = numel_of(table[1:])
-        values = ops.reshape(rows.values, [-1, width])
-        entry = Entry(name, [0], [table], values)
-        encoded = (self.compressor.encodes_rows
-                   and self.plan(table, ops.dtype(values), ops) == Route.COMPRESSED)
-        if self.check_finite:
-            entry.transaction, entry.flagged = {}, True
-        with self.state_store.within(entry.transaction):
-            if encoded and self.warmup_steps:
-                exchange = self.warmup.count(name, ops)
-                # In a traced graph the count is a tensor: no warm-up for rows there.
-                encoded = not isinstance(exchange, int) or not self.warmup.dense_now(exchange)
-            residual = None if self.memory.stateless else self._row_residual
-            velocity = self.takeover.row_velocity if self.takeover.taken is not None else None
-            entry.compressor = RowsCodec(self.compressor, encoded, table, residual, velocity,
-                                         transactional=self.check_finite)
-            self._own(entry.compressor)
-            entry.settle = entry.compressor.settle
-            entry.memory, entry.communicator = NoneMemory(), self._row_communicator
-            entry.payload, entry.ctx = entry.compressor.encode_rows(rows.indices, values, name, ops,
-                                                                    group.rank)
-        self.state_store.counter(ops, self._counters, "bytes_dense", payload_bytes_horovod(rows, ops))
-        self.state_store.counter(ops, self._counters, "tensors", 1)
-        tag = f"grace.{name}"
-        sent = self.rounds.send([entry], tag, group, ops, flag_of([entry], ops))
-        return Exchange(tag, [entry], 1, ops, [entry], sent, single=True)
+        return self.rows.start(rows, name, group, ops)
 
     def start_bucket(self, tensors: Sequence[Tensor], names: Sequence[str], group: Collectives,
                      ops: Ops | None = None, overwrite: bool = False, lent: bool = False
@@ -334,8 +303,8 @@ class Pipeline:
                                   lambda shape, dtype: self.plan(shape, dtype, ops),
                                   overwrite=overwrite, lent=lent)
         for entry in entries:
-            self._prepare(entry, group, ops)
-        self._vote(entries, tag, group, ops)
+            self.encoding.prepare(entry, group, ops)
+        self.encoding.vote(entries, tag, group, ops)
         live = [e for e in entries if e.payload is not None]
         sent = self.rounds.send(live, tag, group, ops, flag_of(entries, ops))
         return Exchange(tag, entries, len(tensors), ops, live, sent)
@@ -351,130 +320,6 @@ class Pipeline:
                 and self.memory.stateless and self.communicator.sums
                 and self.takeover.taken is None and self.takeover.moments is None
                 and not self.warmup_steps)
-
-    def _prepare(self, entry: Entry, group: Collectives, ops: Ops) -> None:
-        """Decide how ``entry`` travels this step and encode it (a vote first, for a compressor
-        that ``agrees_on_form``; in a traced graph the warm-up's choice is deferred)."""
-        shape, dtype = ops.shape(entry.source), ops.dtype(entry.source)
-        route = entry.route or self.plan(shape, dtype, ops)
-        if route == Route.EMPTY:
-            entry.ready = ops.copy(entry.source)
-            return
-        dense, count = route == Route.DENSE, False
-        if not dense and self.warmup_steps:
-            # Read here; counted with the step's other state writes, so a skipped step undoes it.
-            exchange = self.warmup.exchanges_of(entry.name, ops)
-            if not isinstance(exchange, int):
-                entry.flagged = self.check_finite
-                entry.deferred = self._traced_warmup(entry, exchange, group, ops)
-                return
-            dense, count = self.warmup.dense_now(exchange), True
-        self._route(entry, dense, count, group, ops)
-
-    def _route(self, entry: Entry, dense: bool, count: bool, group: Collectives, ops: Ops) -> None:
-        """Compensate ``entry`` and encode it dense or compressed, its state writes pending in its
-        transaction; ``count``: count the exchange for the warm-up."""
-        if dense:
-            entry.compressor, entry.memory, entry.communicator = (
-                self._dense_compressor, self._dense_memory, self._dense_communicator)
-        else:
-            entry.compressor, entry.memory, entry.communicator = (
-                self.compressor, self.memory, self.communicator.resolve(group.size))
-            if entry.communicator.shards:
-                entry.compressor, entry.communicator = self.sharding.parts(
-                    ops.numel(entry.source), entry.communicator, group.size)
-        carries = carries_nonfinite(entry.compressor, entry.memory, entry.communicator)
-        if self.check_finite and (count or not carries):
-            entry.transaction = {}
-            entry.flagged = not carries
-        source = entry.source
-        if entry.owned and entry.flagged:  # read before error feedback writes into the source
-            entry.flag = ops.nonfinite_flag(source)
-        with self.state_store.within(entry.transaction):
-            if count:
-                self.warmup.count(entry.name, ops)
-            # A lent tensor is not one to keep: a residual computed in it would be the caller's
-            # again after the step (DDP writes the result, then the next gradient, into it).
-            if entry.owned and not entry.lent and takes_overwrite(entry.memory):
-                entry.compensated = entry.memory.compensate(source, entry.name, ops, overwrite=True)
-            else:  # as a Memory written before ``overwrite`` was is called: three arguments
-                entry.compensated = entry.memory.compensate(source, entry.name, ops)
-        self.state_store.counter(ops, self._counters, "bytes_dense",
-                                 ops.numel(source) * ops.itemsize(ops.dtype(source)))
-        self.state_store.counter(ops, self._counters, "tensors", len(entry.positions))
-        entry.ctx = Context(ops.shape(source), ops.dtype(source), ops.numel(source), rank=group.rank)
-        if not dense and entry.compressor.agrees_on_form:
-            entry.vote = entry.compressor.not_smaller(ops.flatten(entry.compensated), entry.ctx, ops)
-        else:
-            self._encode(entry, group, ops)
-
-    def _encode(self, entry: Entry, group: Collectives, ops: Ops) -> None:
-        with self.state_store.within(entry.transaction):
-            entry.payload, entry.ctx = entry.compressor.compress(entry.compensated, entry.name, ops,
-                                                                 rank=group.rank)
-            if entry.compressor.rounds == 1:
-                entry.memory.update(entry.compensated, entry.name, entry.compressor, entry.payload,
-                                    entry.ctx, ops)
-
-    def _vote(self, entries: list[Entry], tag: str, group: Collectives, ops: Ops) -> None:
-        """For a compressor whose encoded size depends on the data (``agrees_on_form``): the
-        workers agree, by one allreduce of a 4-byte vote per tensor for the whole bucket, whether
-        every one of them sends a tensor encoded (each, lengths included, smaller than the tensor)
-        or all send it dense through allreduce (exactly the dense bytes). Deciding alone, a worker
-        would have to say which form it sent, in bytes beyond the dense tensor's. Each vote comes
-        from the tensor before it is encoded (``Compressor.not_smaller``), so a dense step encodes
-        nothing."""
-        voting = [e for e in entries if e.vote is not None]
-        if not voting:
-            return
-        votes = ops.concat([e.vote for e in voting]) if len(voting) > 1 else voting[0].vote
-        self.state_store.counter(ops, self._counters, "bytes_control", ops.nbytes(votes))
-        agreed = group.synchronize(group.allreduce_async(votes, f"{tag}.form"))
-        pieces = ops.split(agreed, [1] * len(voting)) if len(voting) > 1 else [agreed]
-        for entry, piece in zip(voting, pieces):
-            entry.vote = None
-            dense = ops.is_set(piece)
-            if isinstance(dense, bool):
-                if dense:
-                    entry.compressor, entry.communicator = self._dense_compressor, self._dense_communicator
-                self._encode(entry, group, ops)
-            else:  # a traced graph: the agreement is known when it runs
-                entry.deferred = self._traced_agreement(entry, dense, group, ops)
-
-    def _traced_agreement(self, entry: Entry, dense: Any, group: Collectives, ops: Ops) -> Callable:
-        def deferred(discard, scale):
-            def run(dense_way: bool):
-                branch = replace(entry, transaction=None if entry.transaction is None
-                                 else dict(entry.transaction))  # each branch its own writes
-                if dense_way:
-                    branch.compressor, branch.communicator = (self._dense_compressor,
-                                                              self._dense_communicator)
-                self._encode(branch, group, ops)
-                return self._exchange_now(branch, group, ops, scale, discard)
-            return ops.cond(dense, lambda: run(True), lambda: run(False))
-        return deferred
-
-    def _traced_warmup(self, entry: Entry, exchange: Any, group: Collectives, ops: Ops) -> Callable:
-        """In a traced graph the exchange count is only known when the graph runs (``Warmup.traced``).
-        The state written inside a way must be committed there, so the way runs once the step's
-        verdict is known (``finish_step``)."""
-        def deferred(discard, scale):
-            def way(dense: bool):
-                branch = Entry(entry.name, entry.positions, entry.shapes, entry.source)
-                self._route(branch, dense, False, group, ops)
-                self._vote([branch], f"grace.{entry.name}", group, ops)
-                if branch.deferred is not None:
-                    return branch.deferred(discard, scale)
-                return self._exchange_now(branch, group, ops, scale, discard)
-            return self.warmup.traced(entry.name, exchange, way, self.check_finite, discard, ops)
-        return deferred
-
-    def _exchange_now(self, entry: Entry, group: Collectives, ops: Ops, scale: float,
-                      discard: Tensor) -> Tensor:
-        """One encoded entry's whole exchange, its writes committed unless ``discard``."""
-        sent = self.rounds.send([entry], f"grace.{entry.name}", group, ops, None)
-        total = self.rounds.collect([entry], sent, f"grace.{entry.name}", group, ops, scale)[0][0]
-        return self.transaction.settle(entry, total, discard, ops)
 
     def finish(self, pending: Exchange, group: Collectives, scale: float = 1.0) -> Tensor:
         """Wait for the collectives, decompress, aggregate over workers, multiply by ``scale``
@@ -546,7 +391,7 @@ class Pipeline:
                 "dense_memory": self._dense_memory.state(),
                 "owner_memory": self.sharding.owner_memory.state(),
                 "pipeline": {"exchanges": self.warmup.exchanges},
-                "rows": {k: v for part in (self._row_residual, self.takeover.row_velocity)
+                "rows": {k: v for part in (self.rows.residual, self.takeover.row_velocity)
                          for k, v in vars(part).items() if isinstance(v, dict)},
                 "moments": {} if moments is None else moments.state()}
 

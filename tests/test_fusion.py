@@ -133,7 +133,7 @@ def test_element_wise_codecs_without_state_encode_a_bucket_at_once(name, joined)
     pipelines = [grace.build(name, min_numel=1024) for _ in range(2)]
     calls = []
     for pipeline in pipelines:  # the compressor, and the one of the tensors that travel dense
-        for codec in (pipeline.compressor, pipeline._dense_compressor):
+        for codec in (pipeline.compressor, pipeline.encoding.dense_compressor):
             original = codec.compress_flat
 
             def counted(flat, *args, original=original, **kwargs):

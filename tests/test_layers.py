@@ -182,7 +182,7 @@ def test_a_pipeline_hands_its_own_store_to_every_part():
     pipeline = grace.build("dgc")
     assert pipeline.state_store is not DEFAULT
     for part in (pipeline.compressor, pipeline.memory, pipeline.takeover.dense_memory,
-                 pipeline._row_residual, pipeline.takeover.row_velocity):
+                 pipeline.rows.residual, pipeline.takeover.row_velocity):
         assert part.state_store is pipeline.state_store
     assert grace.build("dgc").state_store is not pipeline.state_store
 

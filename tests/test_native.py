@@ -352,9 +352,9 @@ def test_tensorflow_takes_the_same_loops_in_a_graph(name):
 
 @pytest.mark.parametrize("key_bits", [14, 16])
 @pytest.mark.parametrize("kind", ["gaussian", "log-spaced", "infinite", "ties"])
-def test_the_bucket_index_bounds_every_count(kind, key_bits):
+def test_the_bin_index_bounds_every_count(kind, key_bits):
     """For every key (of 14 bits for sketch's smaller tensors, else 16), [low, high] are the counts
-    of boundaries <= the lowest and the highest float with that key (what the bucket search relies
+    of boundaries <= the lowest and the highest float with that key (what the bin search relies
     on to be exact)."""
     from grace.compressors.u8bit import BOUNDARIES
 
@@ -364,7 +364,7 @@ def test_the_bucket_index_bounds_every_count(kind, key_bits):
         "infinite": np.array([-np.inf, -0.0, 0.0, 1.0, np.inf], np.float32),
         "ties": np.array([-1.0, 0.5, 0.5, 0.5, 2.0], np.float32),
     }[kind]
-    _, low, high, shift = native.bucket_index(boundaries, key_bits)
+    _, low, high, shift = native.bin_index(boundaries, key_bits)
     assert 32 - shift == key_bits
     keys = np.arange(1 << (32 - shift), dtype=np.uint32) << shift
     ends = np.stack([keys, keys | ((1 << shift) - 1)]).view(np.float32)

@@ -97,7 +97,7 @@ def test_topk_error_feedback_on_rows_loses_nothing():
         received += dense(exchange(pipelines, grads, group, scale=1.0)[0])
     kept = []
     for r in range(2):
-        rows = pipelines[r]._row_residual
+        rows = pipelines[r].rows.residual
         indices, values = rows.row_indices["emb"], rows.row_values["emb"]
         assert set(np.asarray(indices).tolist()) <= touched[r]
         kept.append(dense(Rows(indices, values, TABLE)))
@@ -133,13 +133,13 @@ def test_a_nonfinite_row_rolls_the_step_back_on_every_worker():
     group = InProcessGroup(2)
     pipelines = [grace.topk(0.05) for _ in range(2)]
     exchange(pipelines, [batch(rng) for _ in range(2)], group)
-    before = [dict(p._row_residual.row_values) for p in pipelines]
+    before = [dict(p.rows.residual.row_values) for p in pipelines]
     grads = [batch(rng) for _ in range(2)]
     grads[1].values[3, 2] = np.inf
     results = exchange(pipelines, grads, group)
     for p, kept, result in zip(pipelines, before, results):
         assert np.isnan(result.values).all()
-        np.testing.assert_array_equal(p._row_residual.row_values["emb"], kept["emb"])
+        np.testing.assert_array_equal(p.rows.residual.row_values["emb"], kept["emb"])
 
 
 def test_taken_momentum_steps_the_exchanged_rows_as_the_optimizer_would():

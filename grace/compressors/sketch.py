@@ -46,7 +46,7 @@ class Sketch(Seeded, Compressor):
         m = min(n, SAMPLE)
         sample = x if m == n else ops.gather(x, self.indices(n, m, name, ctx, ops, like=flat))
         boundaries = ops.gather(ops.sort(sample), ops.constant(_cuts(m, b).copy(), "int32", like=flat))
-        ids, sums, counts = bucketize_sums(ops, x, boundaries)
+        ids, sums, counts = bin_sums(ops, x, boundaries)
         means = ops.div(sums, ops.maximum(counts, 1.0))
         return [ops.cast(means, ctx.dtype), ids]
 
@@ -66,32 +66,32 @@ def _cuts(m: int, bins: int) -> np.ndarray:
 
 
 # The loop of sketch.c beside this file: each element's bin, and the bins' sums and counts.
-BUCKETIZE_LOOP = native.Loop("grace_bucketize_sums", (
+BIN_SUMS_LOOP = native.Loop("grace_bin_sums", (
     native.In(0), native.START, native.COUNT, native.In(1), native.In(2), native.In(3),
-    native.Param("shift", native.INT), native.Param("buckets", native.INT32),
+    native.Param("shift", native.INT), native.Param("bins", native.INT32),
     native.Out(0), native.Row(1), native.Row(2)))
 
 
-def _bucketize_loop(x: np.ndarray, boundaries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _bin_sums_loop(x: np.ndarray, boundaries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For float32 ``x``: each element's bin (how many of at most 255 ``boundaries`` are <= it)
     as a byte, and per bin the float64 sum and count of its elements."""
     n = x.size
-    table, low, high, shift = native.bucket_index(boundaries, 16 if n >= 1 << 17 else 14)
+    table, low, high, shift = native.bin_index(boundaries, 16 if n >= 1 << 17 else 14)
     ids = native.empty(n, np.uint8)
     parts = native.parts(n)
     sums, counts = np.zeros((parts, len(table))), np.zeros((parts, len(table)))
-    native.run(BUCKETIZE_LOOP, n, [x, table, low, high], [ids, sums, counts],
-               {"shift": shift, "buckets": len(table)})
+    native.run(BIN_SUMS_LOOP, n, [x, table, low, high], [ids, sums, counts],
+               {"shift": shift, "bins": len(table)})
     return ids, sums.sum(0), counts.sum(0)
 
 
-native.register("bucketize_sums", native.Kernel(_bucketize_loop, lambda x, boundaries: [
+native.register("bin_sums", native.Kernel(_bin_sums_loop, lambda x, boundaries: [
     ("uint8", x), ("float64", (boundaries[0] + 1,)), ("float64", (boundaries[0] + 1,))],
     native.float32_at(0, 1)))
 
 
-@accelerated("bucketize_sums")
-def bucketize_sums(ops, x, boundaries):
+@accelerated("bin_sums")
+def bin_sums(ops, x, boundaries):
     """Each element's bin among the ascending ``boundaries`` (uint8), and each of the
     ``len(boundaries) + 1`` bins' float64 sum and count (``Ops.bucketize``: the bin's index, as
     torch names it)."""

@@ -29,7 +29,7 @@ class U8bit(Compressor):
         scale = ops.max_abs(x)
         divisor = ops.maximum(scale, TINY)
         boundaries = ops.constant(BOUNDARIES, "float32", like=flat)
-        return [ops.cast(scale, ctx.dtype), magnitude_buckets(ops, x, divisor, boundaries)]
+        return [ops.cast(scale, ctx.dtype), magnitude_bins(ops, x, divisor, boundaries)]
 
     def decompress_flat(self, payload, ctx, ops):
         scale, codes = payload
@@ -42,27 +42,27 @@ class U8bit(Compressor):
         return itemsize + numel_of(shape)
 
 
-# The loop of u8bit.c beside this file: each element's bucket and sign in one pass.
-BUCKETS_LOOP = native.Loop("grace_magnitude_buckets", (
+# The loop of u8bit.c beside this file: each element's bin and sign in one pass.
+BINS_LOOP = native.Loop("grace_magnitude_bins", (
     native.In(0), native.START, native.COUNT, native.Param("divisor"), native.In(1), native.In(2),
     native.In(3), native.Param("shift", native.INT), native.Out(0)))
 
 
-def _buckets_loop(x: np.ndarray, divisor: np.ndarray, boundaries: np.ndarray) -> np.ndarray:
+def _bins_loop(x: np.ndarray, divisor: np.ndarray, boundaries: np.ndarray) -> np.ndarray:
     """For float32 ``x``: how many ``boundaries`` are <= ``|x| / divisor``, plus 128 where x < 0."""
-    table, low, high, shift = native.bucket_index(boundaries)
+    table, low, high, shift = native.bin_index(boundaries)
     out = native.empty(x.size, np.uint8)
-    native.run(BUCKETS_LOOP, x.size, [x, table, low, high], [out],
+    native.run(BINS_LOOP, x.size, [x, table, low, high], [out],
                {"divisor": native.scalar(divisor), "shift": shift})
     return out
 
 
-native.register("magnitude_buckets", native.Kernel(
-    _buckets_loop, lambda x, divisor, boundaries: [("uint8", x)], native.float32_at(0, 1, 2)))
+native.register("magnitude_bins", native.Kernel(
+    _bins_loop, lambda x, divisor, boundaries: [("uint8", x)], native.float32_at(0, 1, 2)))
 
 
-@accelerated("magnitude_buckets")
-def magnitude_buckets(ops, x, divisor, boundaries):
+@accelerated("magnitude_bins")
+def magnitude_bins(ops, x, divisor, boundaries):
     """Each element's code: how many ``boundaries`` are ``<= |x| / divisor``, plus 128 where
     ``x < 0`` (uint8)."""
     relative = ops.cast(ops.div(ops.abs(x), divisor), "float32")

@@ -436,7 +436,7 @@ SCATTER_ADD = Loop("grace_scatter_add", (Out(0), Param("n", _I64), In(0), Param(
 TOPK = Loop("grace_topk", (In(0), Param("n", _I64), Param("k", _I64), Out(0), Param("wide", INT)), _I64)
 CHOOSE = Loop("grace_choose", (*KEY, Param("n", _I64), Param("m", _I64), Param("complement", INT),
                                Out(0), Param("wide", INT)), _I64)
-BUCKET_INDEX = Loop("grace_bucket_index", (In(0), Param("count", INT32), Param("shift", INT),
+BIN_INDEX = Loop("grace_bin_index", (In(0), Param("count", INT32), Param("shift", INT),
                                            Out(0), Out(1)))
 
 
@@ -525,27 +525,27 @@ def scaled_sum(*arrays: np.ndarray, alpha: float, beta: float) -> np.ndarray:
     return out.reshape(b.shape)
 
 
-_BUCKET_INDEXES: dict = {}
+_BIN_INDEXES: dict = {}
 
 
-def bucket_index(boundaries: np.ndarray, key_bits: int = 16
+def bin_index(boundaries: np.ndarray, key_bits: int = 16
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Ascending float32 boundaries (with +inf after them), and for each value of a float32's top
     ``key_bits`` bits the range [low, high] that holds the count of boundaries <= any float with
-    those bits; and the shift that takes a float's bits to its key: what common.h's ``bucket_of``
+    those bits; and the shift that takes a float's bits to its key: what common.h's ``bin_of``
     reads. Built by a C sweep over the keys (about 0.35 ms for 16 bits, 0.1 ms for 14, whose ranges
     are wider); the last few are kept (u8bit's boundaries never change)."""
     shift = 32 - key_bits
     cache_key = (np.asarray(boundaries, np.float32).tobytes(), shift)
-    if cache_key in _BUCKET_INDEXES:
-        return _BUCKET_INDEXES[cache_key]
+    if cache_key in _BIN_INDEXES:
+        return _BIN_INDEXES[cache_key]
     # One slot past the end, so that reading boundaries[high] is always in bounds.
     table = np.append(np.asarray(boundaries, np.float32), np.float32(np.inf))
     low, high = np.empty(1 << key_bits, np.int32), np.empty(1 << key_bits, np.int32)
-    once(BUCKET_INDEX, [table], [low, high], {"count": len(table) - 1, "shift": shift})
-    if len(_BUCKET_INDEXES) >= 8:
-        _BUCKET_INDEXES.pop(next(iter(_BUCKET_INDEXES)))
-    _BUCKET_INDEXES[cache_key] = (table, low, high, shift)
+    once(BIN_INDEX, [table], [low, high], {"count": len(table) - 1, "shift": shift})
+    if len(_BIN_INDEXES) >= 8:
+        _BIN_INDEXES.pop(next(iter(_BIN_INDEXES)))
+    _BIN_INDEXES[cache_key] = (table, low, high, shift)
     return table, low, high, shift
 
 

@@ -1,5 +1,5 @@
 /* What grace's C loops share (grace/native/kernels.c, and a compressor's own loops beside it in
- * grace/compressors/): the counter-based random numbers, bit packing, the bucket lookup.
+ * grace/compressors/): the counter-based random numbers, bit packing, the bin lookup.
  *
  * Every exported loop works on a range [start, start + n) of elements and takes its arrays' base
  * pointers: it reads and writes at the elements' own positions (a packed output at the byte of its
@@ -108,8 +108,8 @@ static inline void draw_uniform(uint32_t k0, uint32_t k1, int64_t start, int64_t
  * mantissa: the top 32 - shift bits) fix an interval of values, and the count for any v in it lies
  * in [low[key], high[key]], which the caller computed once. Most intervals hold no boundary or one,
  * so one compare decides; a loop takes the rare wider interval, exactly. */
-static inline int32_t bucket_of(float v, const float *boundaries, const int32_t *low, const int32_t *high,
-                                int shift) {
+static inline int32_t bin_of(float v, const float *boundaries, const int32_t *low, const int32_t *high,
+                             int shift) {
     uint32_t raw;
     memcpy(&raw, &v, sizeof raw);
     uint32_t key = raw >> shift;

@@ -26,19 +26,19 @@ void grace_quantize_levels(const float *x, int64_t start, int64_t n, const float
     uint8_t codes[BLOCK];
     uint8_t mask = (uint8_t)((1U << bits) - 1U);
     out += start * bits / 8;  /* this range's first byte */
-    int64_t bucket = start / block, left = block - start % block;  /* elements left in it */
+    int64_t block_at = start / block, left = block - start % block;  /* elements left in it */
     for (int64_t b = 0; b < n; b += BLOCK) {
         int64_t m = n - b < BLOCK ? n - b : BLOCK;
         const float *p = x + start + b;
         draw_uniform(k0, k1, start + b, m, u);
         for (int64_t j = 0; j < m; j++) {
             if (left == 0) {
-                bucket++;
+                block_at++;
                 left = block;
             }
             left--;
             float v = p[j];
-            float level = (fabsf(v) / divisors[bucket]) * levels;
+            float level = (fabsf(v) / divisors[block_at]) * levels;
             float low = floorf(level);
             float q = low + (u[j] < level - low ? 1.0f : 0.0f);
             q = q < levels ? q : levels;
@@ -110,7 +110,7 @@ static inline void unpack_byte_1bit(uint8_t byte, v8i t0, v8i t1, const float *b
 }
 
 /* tables[(i / block) * 2^bits + code] for the codes of elements [start, start + n): decoding with one
- * small table per block (a scale per bucket). bits divides 8. With base (else NULL), base[i] plus
+ * small table per block (a scale per block). bits divides 8. With base (else NULL), base[i] plus
  * that: a decoded tensor added to another in the same pass. Whole bytes of a block are decoded
  * together (one bit: eight lanes at once), the ends one element at a time. */
 void grace_unpack_blocks(const uint8_t *packed, int bits, int64_t start, int64_t n, const float *tables,
@@ -313,11 +313,11 @@ static inline float float_of(uint32_t raw) {
     return v;
 }
 
-/* The index bucket_of reads, for `count` ascending boundaries and keys of 32 - shift bits: for each
+/* The index bin_of reads, for `count` ascending boundaries and keys of 32 - shift bits: for each
  * key, how many boundaries are <= the lowest and the highest float with those top bits (0 and 0 for
  * NaN keys). The positive keys grow in value with the key and the negative ones shrink, so each half
  * is one sweep with two pointers that only move forward. */
-void grace_bucket_index(const float *boundaries, int32_t count, int shift, int32_t *low, int32_t *high) {
+void grace_bin_index(const float *boundaries, int32_t count, int shift, int32_t *low, int32_t *high) {
     uint32_t keys = 1U << (32 - shift), half = keys / 2, fill = (1U << shift) - 1U;
     for (int side = 0; side < 2; side++) {
         int32_t p_low = 0, p_high = 0;
