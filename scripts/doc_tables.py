@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from scripts import compare, quality
 from scripts import time_to_accuracy as tta
-from scripts.studies import convergence_bars
+from scripts.studies import convergence_bars, simulation_records
 from scripts.tools import bench_compressors, bench_ddp_hooks, ddp_hook_time
 
 ROOT = compare.ROOT
@@ -109,6 +109,9 @@ TABLES: dict[str, Table] = {
     "convergence_bars": Table(lambda p: convergence_bars.markdown(_json(*p)),
                               "the record of scripts/studies/convergence_bars.py: the convergence "
                               "test's bars"),
+    "simulation": Table(lambda p: simulation_records.markdown(_json(*p)),
+                        "a simulation study's record: runs of scripts/studies/simulate_mnist.py "
+                        "kept in one JSON file"),
     "ddp_hooks.compare": Table(lambda p: bench_ddp_hooks.comparison(*map(_json, p)),
                                "two --json files of bench_ddp_hooks.py: before, after"),
 }
