@@ -47,6 +47,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 from tqdm import tqdm
 
@@ -600,6 +601,67 @@ def step_time_markdown(rows: list[dict]) -> str:
                               f"{fp32[fw] / r['step_s']:.2f}" if fw in fp32 else "",
                               "" if wire is None else f"{wire / 1024:,.0f}"]
             lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines).lstrip("\n") + ("\n" if lines else "")
+
+
+def bytes_markdown(runs_by_file: Sequence[tuple[str, list[dict]]]) -> str:
+    """Bytes on one worker's link per step (sent and received, Horovod's own traffic included)
+    against the number of workers, per workload, framework and link rate: a row per compression, a
+    column per worker count, and the growth from the fewest workers to the most. Each file's runs
+    are its own rows (the medians of their repeats); a compression that another file ran too is
+    named with its file's name, so that runs of two versions of the code stay apart."""
+    rows = [(os.path.splitext(os.path.basename(path))[0], r)
+            for path, runs in runs_by_file for r in medians(runs) if r.get("status") == "ok"]
+    files_of: dict = {}
+    for stem, r in rows:
+        files_of.setdefault(r["compression"], set()).add(stem)
+    lines = []
+    for case in dict.fromkeys((r["workload"], r["framework"], r["rate"]) for _, r in rows):
+        here = [(stem, r) for stem, r in rows if (r["workload"], r["framework"], r["rate"]) == case]
+        counts = sorted({r["workers"] for _, r in here})
+        workload, framework, rate = case
+        lines.append(f"\n{workload}, {FRAMEWORK_NAMES.get(framework, framework)}, {rate}: KiB on one "
+                     f"worker's link per step, by the number of workers.\n")
+        lines.append("| compression | " + " | ".join(f"{n} workers" for n in counts)
+                     + f" | {counts[-1]} / {counts[0]} |")
+        lines.append("|---|" + "---:|" * (len(counts) + 1))
+        for stem, comp in dict.fromkeys((stem, r["compression"]) for stem, r in here):
+            wire = {r["workers"]: r.get("wire_bytes_per_step") for s, r in here
+                    if (s, r["compression"]) == (stem, comp)}
+            name = label(comp) + (f" ({stem})" if len(files_of[comp]) > 1 else "")
+            cells = ["" if wire.get(n) is None else f"{wire[n] / 1024:,.0f}" for n in counts]
+            ends = wire.get(counts[0]), wire.get(counts[-1])
+            growth = f"{ends[1] / ends[0]:.2f}" if None not in ends and len(counts) > 1 else ""
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {growth} |")
+    return "\n".join(lines).lstrip("\n") + ("\n" if lines else "")
+
+
+def runs_markdown(runs_by_file: Sequence[tuple[str, list[dict]]]) -> str:
+    """Several runs of one matrix side by side (each file a run, named by its file): per workload,
+    worker count and link rate, a column per run and framework, fp32's step time in the first row
+    and, below it, how many times faster than that run's fp32 each compression was (the medians
+    of its repeats). Only ratios within one run are compared: runs differ by more than that."""
+    rows = [(os.path.splitext(os.path.basename(path))[0], r)
+            for path, runs in runs_by_file for r in medians(runs) if r.get("status") == "ok"]
+    lines = []
+    for case in dict.fromkeys((r["workload"], r["workers"], r["rate"]) for _, r in rows):
+        here = [(stem, r) for stem, r in rows if (r["workload"], r["workers"], r["rate"]) == case]
+        columns = list(dict.fromkeys((stem, r["framework"]) for stem, r in here))
+        step = {(stem, r["framework"], r["compression"]): r["step_s"] for stem, r in here}
+        workload, workers, rate = case
+        lines.append(f"\n{workload}, {workers} workers at {rate}: fp32's step, and how many times "
+                     f"faster than it each compression was in the same run.\n")
+        lines.append("| compression | " + " | ".join(
+            f"{FRAMEWORK_NAMES.get(fw, fw)}, {stem}" for stem, fw in columns) + " |")
+        lines.append("|---|" + "---:|" * len(columns))
+        fp32 = [step.get((stem, fw, "fp32")) for stem, fw in columns]
+        lines.append("| fp32 step | " + " | ".join(
+            "" if s is None else f"{s * 1e3:.0f} ms" for s in fp32) + " |")
+        for comp in dict.fromkeys(r["compression"] for _, r in here if r["compression"] != "fp32"):
+            cells = [f"{base / step[(stem, fw, comp)]:.2f}×"
+                     if base is not None and (stem, fw, comp) in step else ""
+                     for (stem, fw), base in zip(columns, fp32)]
+            lines.append(f"| {label(comp)} | " + " | ".join(cells) + " |")
     return "\n".join(lines).lstrip("\n") + ("\n" if lines else "")
 
 

@@ -89,6 +89,12 @@ TABLES: dict[str, Table] = {
                              "alone ran, else step times against fp32"),
     "compare.end_to_end": Table(lambda p: compare.end_to_end_markdown(_compare_rows(p)),
                                 "compare.py's results.json with --alone"),
+    "compare.bytes": Table(lambda p: compare.bytes_markdown([(f, _json(f)) for f in p]),
+                           "compare.py's results.json files: bytes on a worker's link against the "
+                           "number of workers"),
+    "compare.runs": Table(lambda p: compare.runs_markdown([(f, _json(f)) for f in p]),
+                          "several compare.py results.json files of one matrix: each run's "
+                          "ratios to its own fp32, side by side"),
     "compare.matrix": Table(_matrix, "compare.py's results.json: every column of every set-up"),
     "quality.main": Table(lambda p: quality.markdown(_quality_rows(p)),
                           "quality.py's run files: final metric and gap to fp32, seed 0"),
