@@ -102,6 +102,9 @@ TABLES: dict[str, Table] = {
                            "quality.py's run files of several seeds: each seed's gap, mean, spread"),
     "quality.ddp": Table(lambda p: quality.ddp_markdown(_quality_rows(p)),
                          "quality.py's run files of --engines ddp beside Horovod's"),
+    "quality.followed": Table(lambda p: quality.followed_markdown(_quality_rows(p)),
+                              "quality.py's run files of --epochs above the benchmark's: gaps at "
+                              "its length and at the end"),
     "quality.safety": Table(_safety, "quality.py's run files: a row per compressor of the "
                                      "catalogue, a cell per case and framework"),
     "time_to_accuracy": Table(lambda p: tta.markdown(tta.summarize(compare.read_runs(p))),

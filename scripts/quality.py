@@ -391,6 +391,52 @@ def markdown(rows: list[dict]) -> str:
     return ("\n".join(lines) + ddp_markdown(rows) + seeds).lstrip("\n")
 
 
+def followed_markdown(rows: list[dict]) -> str:
+    """Runs followed past the benchmark's length (``--epochs`` above ``BUDGET``'s), per case: fp32's
+    metric, and each compressor's gap to fp32 of the same framework, seed and code (``summarize``),
+    at the benchmark's length and at the end of the run, both read off the same runs' curves."""
+    def gap(workload: str, value: float, ref: float) -> str:
+        if is_accuracy(workload):
+            return f"{100 * (ref - value):+.2f}"  # points below fp32, as ``summarize``
+        return f"{100 * (value / ref - 1):+.1f}%"  # % of fp32's perplexity above it
+
+    longer = [r for r in rows if r.get("curve") and r.get("seed", 0) == 0
+              and r["passes"] > BUDGET[r["workload"]][0] and not r.get("baseline_only")]
+    lines = []
+    for case in dict.fromkeys((r["workload"], r["optimizer"]) for r in longer):
+        workload, optimizer = case
+        here = [r for r in longer if (r["workload"], r["optimizer"]) == case]
+        frameworks = list(dict.fromkeys(r["framework"] for r in here))
+        budget = BUDGET[workload][0]
+        ends = {fw: max(r["passes"] for r in here if r["framework"] == fw) for fw in frameworks}
+        head = []
+        for fw in frameworks:
+            name = compare.FRAMEWORK_NAMES.get(fw, fw)
+            head += [f"{name} at {budget} epochs", f"{name} at {ends[fw]}"]
+        lines += [f"\n### {workload}, {optimizer}: fp32's {compare.METRIC[workload][0]}, and each "
+                  f"compressor's gap to it, at the benchmark's length and at the run's end",
+                  "| compressor | " + " | ".join(head) + " |", "|---|" + "---:|" * len(head)]
+        by_name: dict = {}
+        for r in here:
+            by_name.setdefault(r["compressor"], {})[r["framework"]] = r
+        fp32 = by_name.get("fp32", {})
+        for name, fws in by_name.items():
+            cells = []
+            for fw in frameworks:
+                r, ref = fws.get(fw), fp32.get(fw)
+                for at in (budget, ends[fw]):
+                    if r is None or len(r["curve"]) < at:
+                        cells.append("–")
+                    elif name == "fp32":
+                        cells.append(f"{r['curve'][at - 1]:.3f}")
+                    elif ref is None or r.get("gap") is None or len(ref["curve"]) < at:
+                        cells.append("–")  # no fp32 of the same code and length to compare with
+                    else:
+                        cells.append(gap(workload, r["curve"][at - 1], ref["curve"][at - 1]))
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines).lstrip("\n")
+
+
 def ddp_markdown(rows: list[dict]) -> str:
     """PyTorch through DDP (framework ``ddp``), per case: each hook's final metric and its gap to
     DDP without a hook (``fp32``) of the same seed, judged as under Horovod, beside Horovod's run

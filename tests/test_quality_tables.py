@@ -238,3 +238,28 @@ def test_init_reaches_pytorchs_workers_only(monkeypatch, tmp_path):
                   "--init", "glorot", "--out", str(tmp_path)])
     assert seen == [("torch", True), ("tf", False)]
     assert [r.get("init") for r in written] == ["glorot", None]
+
+
+def test_a_run_followed_past_the_benchmark_shows_its_gap_at_the_benchmarks_length_and_at_its_end():
+    """``quality.followed``: the gap read off the same runs' curves at the benchmark's 10 epochs and
+    at the end (here 12), to fp32 of the same framework; perplexity as % above fp32's."""
+    def lstm(compression, perplexities, framework="torch"):
+        epochs = [{"epoch": i + 1, "perplexity": p, "train_wall_s": float(i)}
+                  for i, p in enumerate(perplexities)]
+        return {"workload": "lstm", "optimizer": "sgd", "framework": framework, "seed": 0,
+                "compression": compression, "status": "ok", "epochs": epochs,
+                "bytes_per_step": 100, "step_s": 0.01}
+
+    fp32 = [9.0] * 9 + [5.0, 4.5, 4.0]
+    dgc = [9.0] * 9 + [5.5, 4.7, 4.2]  # +10% at 10 epochs, +5% at 12
+    short = lstm(ONEBIT, [9.0] * 10)  # the benchmark's length: not a followed run
+    rows = quality.summarize([lstm("fp32", fp32), lstm('{"compressor": "dgc"}', dgc), short,
+                              lstm("fp32", fp32[:10])])
+    assert quality.followed_markdown(rows).splitlines() == [
+        "### lstm, sgd: fp32's perplexity, and each compressor's gap to it, at the benchmark's "
+        "length and at the run's end",
+        "| compressor | PyTorch at 10 epochs | PyTorch at 12 |",
+        "|---|---:|---:|",
+        "| fp32 | 5.000 | 4.000 |",
+        "| dgc | +10.0% | +5.0% |",
+    ]
