@@ -271,6 +271,11 @@ def test_twobit_codes_are_the_composite_code(n, block, monkeypatch):
     assert unpacked == want  # the first 16 codes by the definition
     with pytest.raises(ValueError, match="thresholds"):
         twobit._codes_loop(x.numpy(), thresholds.numpy()[:-1], n, size)
+    # x already padded to whole blocks, as compress_flat gives it: the padding of 1e3 would code 11,
+    # and neither way lets it into the codes of the tensor's n elements
+    padded = torch.cat([x, torch.full((count * size - n,), 1e3)])
+    assert torch.equal(twobit.codes(TORCH, padded, thresholds, n=n, block=size), fused)
+    assert torch.equal(twobit.codes.composite(TORCH, padded, thresholds, n=n, block=size), fused)
 
 
 @pytest.mark.parametrize("n", SIZES)

@@ -93,9 +93,11 @@ class TwoBit(Tabled, Compressor):
 
     def compress_flat(self, flat, name, ctx, ops):
         blocks = self.blocks(ctx.numel)
-        x = ops.cast(flat, compute_dtype(ctx.dtype))
-        t = self._thresholds(blocks.rows(x, ops), blocks, ctx, ops)
-        packed = codes(ops, x, t, n=ctx.numel, block=blocks.size)
+        rows = blocks.rows(ops.cast(flat, compute_dtype(ctx.dtype)), ops)
+        t = self._thresholds(rows, blocks, ctx, ops)
+        # The rows padded once, for the thresholds and the codes alike (their first numel elements
+        # are the tensor's: the C loop reads those; the composite step takes the rows as they are).
+        packed = codes(ops, ops.flatten(rows), t, n=ctx.numel, block=blocks.size)
         if ctx.dtype == "float16":  # a t beyond float16's range would decode 0 x inf = NaN
             t = ops.minimum(t, FLOAT16_MAX)
         return [ops.cast(t, ctx.dtype), packed] if self.relative else [packed]
@@ -137,11 +139,13 @@ native.register("twobit_codes", native.Kernel(
 
 @accelerated("twobit_codes")
 def codes(ops, x, thresholds, *, n, block):
-    """The packed codes of the 1-d ``x`` (``n`` elements), each against the threshold ``t`` of its
-    block of ``block`` elements (``thresholds``, one per block): 3 (``11``) at or above ``t``, 2
-    (``10``) at or below ``-t`` where ``x < 0``, else 0, four to a byte."""
+    """The packed codes of the 1-d ``x`` (its first ``n`` elements), each against the threshold
+    ``t`` of its block of ``block`` elements (``thresholds``, one per block): 3 (``11``) at or
+    above ``t``, 2 (``10``) at or below ``-t`` where ``x < 0``, else 0, four to a byte. ``x`` may
+    already be padded to whole blocks (``Blocks.rows``, flattened), as ``compress_flat`` gives it."""
     blocks = Blocks.of(n, block)
-    rows = blocks.rows(x, ops)
+    padded = ops.numel(x) == blocks.count * blocks.size
+    rows = ops.reshape(x, (blocks.count, blocks.size)) if padded else blocks.rows(x, ops)
     column = blocks.column(thresholds, ops)  # an absolute threshold's one block: one t for every row
     dtype = ops.dtype(rows)
     up = ops.cast(ops.greater_equal(rows, column), dtype)  # 3 (11) at or above t
