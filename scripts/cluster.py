@@ -17,8 +17,8 @@ start with ``grace-`` and addresses are in 10.231.0.0/16, inside namespaces this
 
 Each host's workers run on cores of their own (``taskset``; ``host_cpus``), as on machines of
 their own: left to the scheduler, two workers' busy threads could share one core while the other
-waited on softirqs, and a step's time moved by a third between runs (docs/results.md, "Hosts on
-cores of their own"). ``--no-pin`` (``pin=False``) leaves them to the scheduler.
+waited on softirqs, and a step's time moved by a third between runs (docs/exchange-studies.md,
+"Hosts on cores of their own"). ``--no-pin`` (``pin=False``) leaves them to the scheduler.
 """
 
 from __future__ import annotations

@@ -55,8 +55,9 @@ def test_each_tool_output_kept_with_its_runs_is_what_its_runs_give(path):
 
 def headline(block) -> bool:
     """A throughput table of today's figures: results.md's end-to-end tables and two-bit's rows
-    beside them, and every compare.py table of ddp.md. (results.md's exchange tables further down
-    are the single runs that earlier work was measured by, each ratio within its own run.)"""
+    beside them, and every compare.py table of ddp.md. (The exchange tables further down results.md
+    and in exchange-studies.md are the single runs that earlier work was measured by, each ratio
+    within its own run.)"""
     if not block.name.startswith("compare."):
         return False
     return block.page == "docs/ddp.md" or (block.page == "docs/results.md" and (
