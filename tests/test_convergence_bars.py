@@ -65,28 +65,34 @@ def test_the_plan_always_runs_the_uncompressed_reference_and_the_longer_runs_onl
     assert all(names[-2:] == ["none", "fp16"] for _, _, _, names in runs)
     longer = [names for _, steps, _, names in study.plan(["topk"]) if steps == study.EF_STEPS]
     assert longer == [["none", "topk", "topk/memory=none"]] * len(study.SEEDS)
+    # two-bit's broken variant: plain error feedback, the optimizer's momentum after the exchange
+    longer = [names for _, steps, _, names in study.plan(["twobit"]) if steps == study.EF_STEPS]
+    assert longer == [["none", "twobit", "twobit/memory=residual"]] * len(study.SEEDS)
+    assert set(study.BROKEN) == {*study.ERROR_FEEDBACK, "twobit"}
 
 
 def test_the_recorded_study_covers_every_compressor_at_every_seed_and_each_bar_fails_its_broken_variant():
     """The record the slow test reads: both frameworks at the test's length and the error-feedback
-    compressors at the longer one, every seed; and at the longer length, at every seed, each
-    compressor ended better with its memory than without (``memory_pays``), and without it outside
-    its bar for those the study says (what the slow test asserts again, live, at its seed)."""
+    compressors (two-bit among them) and their broken variants at the longer one, every seed; and
+    at the longer length, at every seed, each compressor ended better with its memory than its
+    broken variant (``memory_pays``), and the variant outside its bar for those the study says (what
+    the slow test asserts again, live, at its seed)."""
     record = study.load()
+    longer_names = [*study.BROKEN, *map(study.broken, study.BROKEN)]
     for framework, steps, names in (("torch", study.STEPS, grace.available()),
                                     ("tf", study.STEPS, grace.available()),
-                                    ("torch", study.EF_STEPS, study.ERROR_FEEDBACK)):
+                                    ("torch", study.EF_STEPS, longer_names)):
         found = study.measured(record, framework, steps)
         for name in names:
             assert len(found[name]["gap"]) == len(study.SEEDS), (framework, steps, name)
     bars = study.bars(record, "torch", study.EF_STEPS)
     longer = [e["results"] for e in record["runs"] if e["steps"] == study.EF_STEPS]
     assert len(longer) == len(study.SEEDS)
-    missed_everywhere = set(study.ERROR_FEEDBACK)
+    missed_everywhere = set(study.BROKEN)
     for results in longer:
-        for name in study.ERROR_FEEDBACK:
+        for name in study.BROKEN:
             assert study.memory_pays(results, name), name
-            broken = study.without_memory(name)
+            broken = study.broken(name)
             if not (study.gap(results, broken) > bars[name][0]
                     or study.loss_ratio(results, broken) > bars[name][1]):
                 missed_everywhere.discard(name)
