@@ -604,24 +604,40 @@ def step_time_markdown(rows: list[dict]) -> str:
     return "\n".join(lines).lstrip("\n") + ("\n" if lines else "")
 
 
+def _run_names(paths: Sequence[str]) -> list[str]:
+    """Each run file's name in a table: its stem, or its folder and stem where two share a stem
+    (``results.json`` of two runs)."""
+    stems = [os.path.splitext(os.path.basename(p))[0] for p in paths]
+    return [os.path.join(os.path.basename(os.path.dirname(p)), stem) if stems.count(stem) > 1 else stem
+            for p, stem in zip(paths, stems)]
+
+
+def _case_words(optimizer: str) -> str:
+    return "" if optimizer == "sgd" else f", {optimizer}"
+
+
 def bytes_markdown(runs_by_file: Sequence[tuple[str, list[dict]]]) -> str:
     """Bytes on one worker's link per step (sent and received, Horovod's own traffic included)
     against the number of workers, per workload, framework and link rate: a row per compression, a
     column per worker count, and the growth from the fewest workers to the most. Each file's runs
     are its own rows (the medians of their repeats); a compression that another file ran too is
     named with its file's name, so that runs of two versions of the code stay apart."""
-    rows = [(os.path.splitext(os.path.basename(path))[0], r)
-            for path, runs in runs_by_file for r in medians(runs) if r.get("status") == "ok"]
+    names = _run_names([path for path, _ in runs_by_file])
+    rows = [(name, r) for name, (_, runs) in zip(names, runs_by_file) for r in medians(runs)
+            if r.get("status") == "ok"]
     files_of: dict = {}
     for stem, r in rows:
         files_of.setdefault(r["compression"], set()).add(stem)
     lines = []
-    for case in dict.fromkeys((r["workload"], r["framework"], r["rate"]) for _, r in rows):
-        here = [(stem, r) for stem, r in rows if (r["workload"], r["framework"], r["rate"]) == case]
+    def case_of(r: dict) -> tuple:
+        return r["workload"], r["framework"], r["rate"], r.get("optimizer", "sgd")
+
+    for case in dict.fromkeys(case_of(r) for _, r in rows):
+        here = [(stem, r) for stem, r in rows if case_of(r) == case]
         counts = sorted({r["workers"] for _, r in here})
-        workload, framework, rate = case
-        lines.append(f"\n{workload}, {FRAMEWORK_NAMES.get(framework, framework)}, {rate}: KiB on one "
-                     f"worker's link per step, by the number of workers.\n")
+        workload, framework, rate, optimizer = case
+        lines.append(f"\n{workload}{_case_words(optimizer)}, {FRAMEWORK_NAMES.get(framework, framework)}, "
+                     f"{rate}: KiB on one worker's link per step, by the number of workers.\n")
         lines.append("| compression | " + " | ".join(f"{n} workers" for n in counts)
                      + f" | {counts[-1]} / {counts[0]} |")
         lines.append("|---|" + "---:|" * (len(counts) + 1))
@@ -641,16 +657,21 @@ def runs_markdown(runs_by_file: Sequence[tuple[str, list[dict]]]) -> str:
     worker count and link rate, a column per run and framework, fp32's step time in the first row
     and, below it, how many times faster than that run's fp32 each compression was (the medians
     of its repeats). Only ratios within one run are compared: runs differ by more than that."""
-    rows = [(os.path.splitext(os.path.basename(path))[0], r)
-            for path, runs in runs_by_file for r in medians(runs) if r.get("status") == "ok"]
+    names = _run_names([path for path, _ in runs_by_file])
+    rows = [(name, r) for name, (_, runs) in zip(names, runs_by_file) for r in medians(runs)
+            if r.get("status") == "ok"]
     lines = []
-    for case in dict.fromkeys((r["workload"], r["workers"], r["rate"]) for _, r in rows):
-        here = [(stem, r) for stem, r in rows if (r["workload"], r["workers"], r["rate"]) == case]
+
+    def case_of(r: dict) -> tuple:
+        return r["workload"], r["workers"], r["rate"], r.get("optimizer", "sgd")
+
+    for case in dict.fromkeys(case_of(r) for _, r in rows):
+        here = [(stem, r) for stem, r in rows if case_of(r) == case]
         columns = list(dict.fromkeys((stem, r["framework"]) for stem, r in here))
         step = {(stem, r["framework"], r["compression"]): r["step_s"] for stem, r in here}
-        workload, workers, rate = case
-        lines.append(f"\n{workload}, {workers} workers at {rate}: fp32's step, and how many times "
-                     f"faster than it each compression was in the same run.\n")
+        workload, workers, rate, optimizer = case
+        lines.append(f"\n{workload}{_case_words(optimizer)}, {workers} workers at {rate}: fp32's step, "
+                     f"and how many times faster than it each compression was in the same run.\n")
         lines.append("| compression | " + " | ".join(
             f"{FRAMEWORK_NAMES.get(fw, fw)}, {stem}" for stem, fw in columns) + " |")
         lines.append("|---|" + "---:|" * len(columns))

@@ -60,3 +60,31 @@ def test_runs_side_by_side_each_against_its_own_fp32():
         "| topk | 6.00× | 3.00× |",  # 0.9 / 0.15 and 1.2 / 0.4: each run's own fp32
         "| dgc | 3.00× |  |",  # not in run 2
     ]
+
+
+def test_each_workload_rate_and_optimizer_is_a_table_of_its_own():
+    runs = [run("fp32", 2, 1.0, rate="1gbit"), run(TOPK, 2, 0.25, rate="1gbit"),
+            run("fp32", 2, 0.2), run(TOPK, 2, 0.4),
+            {**run("fp32", 2, 1.0, rate="1gbit"), "optimizer": "adam"},
+            {**run(TOPK, 2, 0.5, rate="1gbit"), "optimizer": "adam"}]
+    tables = compare.runs_markdown([("a/r.json", runs)]).split("\n\n")
+    heads = [t.splitlines()[0] for t in tables if t.startswith("exchange")]
+    assert heads == [  # one table each, in the order the runs came
+        "exchange, 2 workers at 1gbit: fp32's step, and how many times faster than it each "
+        "compression was in the same run.",
+        "exchange, 2 workers at unshaped: fp32's step, and how many times faster than it each "
+        "compression was in the same run.",
+        "exchange, adam, 2 workers at 1gbit: fp32's step, and how many times faster than it each "
+        "compression was in the same run."]
+    rows = [line for line in compare.runs_markdown([("a/r.json", runs)]).splitlines()
+            if line.startswith("| topk")]
+    assert rows == ["| topk | 4.00× |", "| topk | 0.50× |", "| topk | 2.00× |"]  # each to its own fp32
+
+
+def test_a_run_without_fp32_leaves_its_ratios_blank_and_two_results_json_are_told_apart():
+    with_fp32 = [run("fp32", 2, 1.0), run(TOPK, 2, 0.5)]
+    without = [run(TOPK, 2, 0.25)]
+    table = compare.runs_markdown([("out/a/results.json", with_fp32), ("out/b/results.json", without)])
+    assert "| compression | PyTorch, a/results | PyTorch, b/results |" in table
+    assert "| fp32 step | 1000 ms |  |" in table
+    assert "| topk | 2.00× |  |" in table  # no fp32 in run b: no ratio to print

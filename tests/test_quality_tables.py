@@ -263,3 +263,26 @@ def test_a_run_followed_past_the_benchmark_shows_its_gap_at_the_benchmarks_lengt
         "| fp32 | 5.000 | 4.000 |",
         "| dgc | +10.0% | +5.0% |",
     ]
+
+
+def test_a_followed_accuracy_run_shows_points_below_and_each_framework_its_own_end():
+    """On an accuracy workload the gap is points below fp32; each framework's end is its own runs'
+    length (here PyTorch 12 epochs, TensorFlow 11); a compressor one framework did not run is –."""
+    def mnist(framework, compression, accuracies):
+        epochs = [{"epoch": i + 1, "test_accuracy": a, "train_wall_s": float(i)}
+                  for i, a in enumerate(accuracies)]
+        return {"workload": "mnist", "optimizer": "sgd", "framework": framework, "seed": 0,
+                "compression": compression, "status": "ok", "epochs": epochs,
+                "bytes_per_step": 100, "step_s": 0.01}
+
+    base = [0.5] * 9 + [0.80]
+    rows = quality.summarize([
+        mnist("torch", "fp32", base + [0.85, 0.90]), mnist("torch", ONEBIT, base[:-1] + [0.78, 0.84, 0.88]),
+        mnist("tf", "fp32", base + [0.86]), mnist("tf", '{"compressor": "dgc"}', base[:-1] + [0.81, 0.87])])
+    assert quality.followed_markdown(rows).splitlines()[1:] == [
+        "| compressor | PyTorch at 10 epochs | PyTorch at 12 | TensorFlow at 10 epochs | TensorFlow at 11 |",
+        "|---|---:|---:|---:|---:|",
+        "| fp32 | 0.800 | 0.900 | 0.800 | 0.860 |",
+        "| onebit | +2.00 | +2.00 | – | – |",  # 0.80 - 0.78 and 0.90 - 0.88, in points
+        "| dgc | – | – | -1.00 | -1.00 |",  # above fp32: negative
+    ]

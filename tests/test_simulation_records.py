@@ -2,6 +2,8 @@
 hand: the final accuracy of each run, per seed, the mean where a set-up ran several, and only the
 settings that tell the runs apart."""
 
+import pytest
+
 from scripts.studies import simulation_records
 
 
@@ -33,6 +35,28 @@ def test_a_variant_named_in_words_keeps_them_and_a_single_seed_has_no_mean_colum
         "| randomk at lr 5e-4 | 0.8613 |",  # its words say lr already
         "| randomk, --held 0.9, lr 0.001 | 0.2628 |",
     ])
+
+
+def test_a_setting_is_left_out_only_where_the_variants_words_name_it():
+    record = {"runs": [
+        {"variant": "already trained", "lr": 0.1, "seed": 0, "accuracy": [0.5]},  # "lr" in a word
+        {"variant": "already trained", "lr": 0.2, "seed": 0, "accuracy": [0.6]},
+    ]}
+    assert simulation_records.markdown(record).splitlines()[2:] == [
+        "| already trained, lr 0.1 | 0.5000 |", "| already trained, lr 0.2 | 0.6000 |"]
+
+
+def test_two_runs_the_table_cannot_tell_apart_are_refused():
+    record = {"runs": [{"spec": "topk", "seed": 0, "accuracy": [0.5]},
+                       {"spec": "topk", "seed": 0, "accuracy": [0.6]}]}
+    with pytest.raises(ValueError, match="two runs of 'topk' at seed 0"):
+        simulation_records.markdown(record)
+
+
+def test_seeds_are_columns_in_number_order():
+    record = {"runs": [{"spec": "a", "seed": s, "accuracy": [s / 100]} for s in (10, 2, 0)]}
+    assert simulation_records.markdown(record).splitlines()[0] == (
+        "| set-up (final test accuracy after 1 pass) | seed 0 | seed 2 | seed 10 | mean |")
 
 
 def test_runs_of_different_lengths_say_so():

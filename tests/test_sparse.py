@@ -180,3 +180,36 @@ def test_resuming_from_state_dict_continues_the_residual_rows_exactly():
     for a, b in zip(run(), run(resume_at=3)):
         np.testing.assert_array_equal(a.indices, b.indices)
         np.testing.assert_array_equal(a.values, b.values)
+
+
+def test_check_finite_set_after_construction_reaches_the_rows_and_the_dense_tensors():
+    """``pipeline.check_finite = False`` after building it is as ``check_finite=False`` given to it:
+    no flag rides with the rows, nor with the dense buckets (the encoding's part, test_fusion's
+    exchange), where the default sends one."""
+    from tests import test_fusion
+
+    def sparse_stats(built: bool, later: bool | None = None):
+        pipelines = [grace.topk(0.01, check_finite=built) for _ in range(2)]
+        for p in pipelines:
+            if later is not None:
+                p.check_finite = later
+        exchange(pipelines, [batch(np.random.default_rng(7)) for _ in range(2)], InProcessGroup(2))
+        return pipelines[0].stats()
+
+    given = sparse_stats(False)
+    assert sparse_stats(True, later=False) == given
+    assert sparse_stats(True)["bytes_control"] > given["bytes_control"] == 0  # the flag, when on
+
+    def dense_stats(pipeline_of):
+        pipelines = [pipeline_of() for _ in range(2)]
+        test_fusion.exchange(pipelines, steps=1)
+        return pipelines[0].stats()
+
+    def switched_off():
+        pipeline = grace.topk(0.01)
+        pipeline.check_finite = False
+        return pipeline
+
+    off = dense_stats(lambda: grace.topk(0.01, check_finite=False))
+    assert dense_stats(switched_off) == off
+    assert dense_stats(lambda: grace.topk(0.01)) != off

@@ -9,6 +9,7 @@ already name is not repeated). Rows keep the record's order."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 NOT_THE_SETUP = ("seed", "accuracy", "note")
@@ -26,7 +27,7 @@ def setup_of(run: dict, varying: set[str]) -> str:
     for key, value in run.items():
         if key in NAMES or key in NOT_THE_SETUP or key not in varying or value in (None, False):
             continue
-        if key.replace("_", " ") in named:  # the study's words for the variant already say it
+        if re.search(rf"\b{re.escape(key.replace('_', ' '))}\b", named):  # its words say it already
             continue
         words.append(key.replace("_", " ") if value is True else f"{key.replace('_', ' ')} {_value(value)}")
     return ", ".join(words)
@@ -40,11 +41,15 @@ def markdown(record: dict) -> str:
     varying = {key for key in keys if len({repr(run.get(key)) for run in runs}) > 1}
     finals: dict[str, dict[int, float]] = {}
     for run in runs:
-        finals.setdefault(setup_of(run, varying), {})[run.get("seed", 0)] = run["accuracy"][-1]
+        by_seed = finals.setdefault(setup_of(run, varying), {})
+        seed = run.get("seed", 0)
+        if seed in by_seed:  # two runs the table could not tell apart
+            raise ValueError(f"two runs of {setup_of(run, varying)!r} at seed {seed} in the record")
+        by_seed[seed] = run["accuracy"][-1]
     seeds = sorted({seed for by_seed in finals.values() for seed in by_seed})
     several = any(len(by_seed) > 1 for by_seed in finals.values())
     passes = sorted({len(run["accuracy"]) for run in runs})
-    after = (f"after {passes[0]} passes" if len(passes) == 1
+    after = (f"after {passes[0]} pass{'es' if passes[0] != 1 else ''}" if len(passes) == 1
              else f"after {'/'.join(map(str, passes))} passes, as each set-up ran")
     lines = [f"| set-up (final test accuracy {after}) | "
              + " | ".join(f"seed {seed}" for seed in seeds) + (" | mean |" if several else " |"),
