@@ -70,7 +70,8 @@ class OwnsMomentum:
         """What the wrapper logs once when it hands ``found`` over."""
         look = ", Nesterov" if found.nesterov else ""
         return (f"grace: {compressor} applies {found.source} ({found.momentum}{look}) itself, before "
-                f"compression, and the optimizer steps without it, so that it applies once")
+                f"compression, and the optimizer steps without it, so that it applies once; "
+                f"grace.{compressor}(keep_optimizer=True) leaves it to the optimizer")
 
     def kept_line(self, found: OptimizerMomentum, compressor: str) -> str | None:
         """What the wrapper logs once when the optimizer has no momentum and this part keeps its

@@ -121,7 +121,8 @@ class Takeover:
                 f"moment (beta2 {moments.beta2}, eps {moments.eps}), sent with the drawn entries "
                 f"(twice the values), steps them by the learning rate without a first moment "
                 f"(momentum on ~1/ratio-step-late updates diverges), and the optimizer steps the "
-                f"rest as it is (docs/quality.md, 'With Adam')")
+                f"rest as it is (docs/quality.md, 'With Adam'); "
+                f"grace.{self.compressor.name}(take_adam_moments=False) leaves Adam as it is")
 
     def adam_caution(self, optimizer: str) -> str | None:
         """The line a wrapper logs once when the pipeline wraps Adam (``optimizer`` names it),

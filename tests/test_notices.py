@@ -295,3 +295,20 @@ def test_other_compressors_do_not_judge_the_learning_rate():
     for name in grace.available():
         if name not in ("signsgd", "signum"):
             assert grace.build(name).compressor.learning_rate_notice(10.0) is None
+
+
+@pytest.mark.parametrize("name", MOMENTUM_OWNERS)
+def test_each_takeover_line_says_how_to_opt_out_and_that_way_takes_nothing(name):
+    """A line that says grace changed the optimizer names the setting that leaves it alone; built
+    with that setting, the same call takes nothing over."""
+    line = grace.build(name).take_momentum(SGD_09)
+    opt_out = f"grace.{name}(keep_optimizer=True)"
+    assert opt_out in line, line
+    assert getattr(grace, name)(keep_optimizer=True).take_momentum(SGD_09) is None
+
+
+def test_randomks_adam_line_says_how_to_leave_adam_as_it_is():
+    line = grace.randomk(0.01).take_adam_moments(0.999, 1e-8)
+    assert "grace.randomk(take_adam_moments=False) leaves Adam as it is" in line
+    left = grace.randomk(0.01, take_adam_moments=False)
+    assert left.take_adam_moments(0.999, 1e-8) is None and not left.adam_moments_taken

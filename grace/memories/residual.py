@@ -71,7 +71,7 @@ class DelayedResidualMemory(OwnsMomentum, ResidualMemory):
                 f"it compresses: its error feedback delays each element about 1/ratio steps, and "
                 f"momentum on those delayed updates diverges (docs/quality.md); the tensors sent "
                 f"dense (under min_numel) keep it, applied before the exchange; the learning rate "
-                f"is unchanged")
+                f"is unchanged; grace.{compressor}(keep_optimizer=True) leaves the momentum on")
 
     def unseen_optimizer_line(self, compressor: str, wrapper: str = "DistributedGradientTape"
                               ) -> str | None:
