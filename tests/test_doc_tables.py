@@ -33,6 +33,8 @@ def test_the_docs_have_their_generated_tables():
     summaries = [b.files for b in BLOCKS if b.page == "docs/results.md" and b.name == "compare.summary"]
     assert summaries == [["data/results/twobit/resnet50.json"], ["data/results/twobit/exchange.json"],
                          ["data/results/alltoall/exchange-1gbit.json"],
+                         ["data/results/model/exchange-owners-2k.json"],
+                         ["data/results/model/exchange-onebit-2passes.json"],
                          ["data/results/alltoall/hierarchical-bytes.json"],
                          ["data/results/alltoall/hierarchical-before.json"]]
     twobit = [b for b in BLOCKS if b.files[0].startswith("data/results/twobit/")]
@@ -61,9 +63,10 @@ SINGLE_RUNS = {
     *(f"data/results/alltoall/{name}.json" for name in (
         "exchange-bytes", "exchange-bytes-owners-2k", "exchange-bytes-onebit-2passes",
         "mlp-bytes", "mlp-bytes-owners-2k", "mlp-bytes-onebit-2passes")),
-    # the owners' and the hierarchy's step times at 4 workers, one run each, said so on the page
+    # the owners' and the hierarchy's step times at 2 and 4 workers, one run each
     "data/results/alltoall/exchange-1gbit.json", "data/results/alltoall/hierarchical-bytes.json",
-    "data/results/alltoall/hierarchical-before.json",
+    "data/results/alltoall/hierarchical-before.json", "data/results/model/exchange-owners-2k.json",
+    "data/results/model/exchange-onebit-2passes.json",
 }
 """The run files of results.md's compare.py tables that are single runs. exchange-studies.md is the
 page of the single runs earlier work was measured by, each ratio within its own run."""
