@@ -107,7 +107,8 @@ class Pipeline:
         """This pipeline's state and its step's transaction (``grace.state``), which every part
         it drives reads and writes through."""
         self._counters: dict = {}
-        # The parts, each one job: the plan, the takeover, the rounds engine, the transaction. The
+        # The parts, each one job: the plan, the takeover, the rounds engine, the transaction, the
+        # warm-up, the sparse rows, the shard owners, the encoding (docs/architecture.md). The
         # settings a part uses live in it (``min_numel`` in the plan, ...): the pipeline's
         # attributes of the same names read and set them there.
         self.planner = Plan(compressor, min_numel, granularity, bucket_bytes)
