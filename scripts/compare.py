@@ -616,19 +616,25 @@ def _case_words(optimizer: str) -> str:
     return "" if optimizer == "sgd" else f", {optimizer}"
 
 
+def _named_rows(runs_by_file: Sequence[tuple[str, list[dict]]]) -> list[tuple[str, dict]]:
+    """(the run's name, one finished set-up's medians) for every file's runs (``_run_names``)."""
+    names = _run_names([path for path, _ in runs_by_file])
+    return [(name, r) for name, (_, runs) in zip(names, runs_by_file) for r in medians(runs)
+            if r.get("status") == "ok"]
+
+
 def bytes_markdown(runs_by_file: Sequence[tuple[str, list[dict]]]) -> str:
     """Bytes on one worker's link per step (sent and received, Horovod's own traffic included)
     against the number of workers, per workload, framework and link rate: a row per compression, a
     column per worker count, and the growth from the fewest workers to the most. Each file's runs
     are its own rows (the medians of their repeats); a compression that another file ran too is
     named with its file's name, so that runs of two versions of the code stay apart."""
-    names = _run_names([path for path, _ in runs_by_file])
-    rows = [(name, r) for name, (_, runs) in zip(names, runs_by_file) for r in medians(runs)
-            if r.get("status") == "ok"]
+    rows = _named_rows(runs_by_file)
     files_of: dict = {}
     for stem, r in rows:
         files_of.setdefault(r["compression"], set()).add(stem)
     lines = []
+
     def case_of(r: dict) -> tuple:
         return r["workload"], r["framework"], r["rate"], r.get("optimizer", "sgd")
 
@@ -657,9 +663,7 @@ def runs_markdown(runs_by_file: Sequence[tuple[str, list[dict]]]) -> str:
     worker count and link rate, a column per run and framework, fp32's step time in the first row
     and, below it, how many times faster than that run's fp32 each compression was (the medians
     of its repeats). Only ratios within one run are compared: runs differ by more than that."""
-    names = _run_names([path for path, _ in runs_by_file])
-    rows = [(name, r) for name, (_, runs) in zip(names, runs_by_file) for r in medians(runs)
-            if r.get("status") == "ok"]
+    rows = _named_rows(runs_by_file)
     lines = []
 
     def case_of(r: dict) -> tuple:

@@ -50,6 +50,11 @@ def _json(path: str):
         return json.load(f)
 
 
+def _each_json(paths: list[str]) -> list[tuple[str, object]]:
+    """(path, its contents) of every file, for the tables that keep each file's runs apart."""
+    return [(path, _json(path)) for path in paths]
+
+
 def _quality_rows(paths: list[str]) -> list[dict]:
     """quality.py's rows of the runs: the latest run of each set-up (``merge``), summarized."""
     return quality.summarize(quality.merge([_json(p) for p in paths]))
@@ -89,10 +94,10 @@ TABLES: dict[str, Table] = {
                              "alone ran, else step times against fp32"),
     "compare.end_to_end": Table(lambda p: compare.end_to_end_markdown(_compare_rows(p)),
                                 "compare.py's results.json with --alone"),
-    "compare.bytes": Table(lambda p: compare.bytes_markdown([(f, _json(f)) for f in p]),
+    "compare.bytes": Table(lambda p: compare.bytes_markdown(_each_json(p)),
                            "compare.py's results.json files: bytes on a worker's link against the "
                            "number of workers"),
-    "compare.runs": Table(lambda p: compare.runs_markdown([(f, _json(f)) for f in p]),
+    "compare.runs": Table(lambda p: compare.runs_markdown(_each_json(p)),
                           "several compare.py results.json files of one matrix: each run's "
                           "ratios to its own fp32, side by side"),
     "compare.matrix": Table(_matrix, "compare.py's results.json: every column of every set-up"),

@@ -117,6 +117,6 @@ def test_at_the_tests_length_a_top_k_without_its_residual_is_within_top_ks_bar()
     top-k 0.35 point (seed 0, PyTorch; one test image is 0.05), which its bar cannot see."""
     record = study.load()
     found, bars = study.measured(record, "torch", study.STEPS), study.bars(record, "torch", study.STEPS)
-    broken = found[study.without_memory("topk")]
+    broken = found[study.broken("topk")]  # topk/memory=none
     assert broken["gap"][0] - found["topk"]["gap"][0] == pytest.approx(0.35, abs=1e-3)
     assert broken["gap"][0] <= bars["topk"][0] and broken["loss"][0] <= bars["topk"][1]

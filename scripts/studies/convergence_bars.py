@@ -84,10 +84,6 @@ def load(path: str = RECORD) -> dict:
         return json.load(f)
 
 
-def without_memory(name: str) -> str:
-    return f"{name}/memory=none"
-
-
 def broken(name: str) -> str:
     """The broken variant the longer run sets beside ``name`` (``BROKEN``)."""
     return f"{name}/{BROKEN[name]}"

@@ -41,10 +41,10 @@ def markdown(record: dict) -> str:
     varying = {key for key in keys if len({repr(run.get(key)) for run in runs}) > 1}
     finals: dict[str, dict[int, float]] = {}
     for run in runs:
-        by_seed = finals.setdefault(setup_of(run, varying), {})
-        seed = run.get("seed", 0)
+        setup, seed = setup_of(run, varying), run.get("seed", 0)
+        by_seed = finals.setdefault(setup, {})
         if seed in by_seed:  # two runs the table could not tell apart
-            raise ValueError(f"two runs of {setup_of(run, varying)!r} at seed {seed} in the record")
+            raise ValueError(f"two runs of {setup!r} at seed {seed} in the record")
         by_seed[seed] = run["accuracy"][-1]
     seeds = sorted({seed for by_seed in finals.values() for seed in by_seed})
     several = any(len(by_seed) > 1 for by_seed in finals.values())
