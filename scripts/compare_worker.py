@@ -70,6 +70,13 @@ def parse_args(argv=None):
     parser.add_argument("--adam-epsilon", type=float, default=None,
                         help="Adam's epsilon (default: the framework's, 1e-8 PyTorch, 1e-7 Keras)")
     parser.add_argument("--wire", action="store_true", help="read eth0's byte counters (emulated host)")
+    parser.add_argument("--loop", choices=("step", "fit", "tape"), default="step",
+                        help="TensorFlow's training loop: step, a tf.function step handing the gradients "
+                             "to the Keras optimizer (grace's wrapper; fp32 and hvd-fp16 through "
+                             "Horovod's tape); fit, model.fit with horovod.tensorflow.keras's "
+                             "DistributedOptimizer (fp32: with grace.none(), as Horovod's own does "
+                             "not average on Keras 3); tape, every compression through Horovod's "
+                             "DistributedGradientTape, the optimizer as the user built it")
     parser.add_argument("--sparse-as-dense", action="store_true",
                         help="PyTorch: the words model's embedding gradient travels dense")
     return parser.parse_args(argv)
@@ -187,6 +194,18 @@ class TorchCollectives:
 
     def mean(self, tensor):
         return self.sum(tensor) / self.size
+
+    def gather(self, obj) -> list:
+        """Every worker's ``obj`` (any picklable value), in rank order."""
+        if self.ddp:
+            import torch.distributed as dist
+
+            out = [None] * self.size
+            dist.all_gather_object(out, obj)
+            return out
+        import horovod.torch as hvd
+
+        return hvd.allgather_object(obj, name="gather")
 
     def barrier(self) -> None:
         import torch
@@ -433,8 +452,9 @@ def run_torch(args, spec):
     hook_warmup = torch_hooks.warmup_steps(torch_hook) if torch_hook is not None else 0
     for _ in range(max(1, hook_warmup)):
         dist_step()
-    report(args, rank, size, samples, compute_s, compress_s, dist_step, evaluate,
-           lambda: pipeline.stats() if pipeline else None, sent, comm.barrier, pipeline)
+    report(args, rank, size, samples, compute_s, compress_s, each_step(dist_step), evaluate,
+           lambda: pipeline.stats() if pipeline else None, sent, comm.barrier, pipeline,
+           weights=lambda: [p.detach().numpy() for p in model.parameters()], gather=comm.gather)
 
 
 def torch_optimizer(args, params, lr: float, momentum: float):
@@ -700,17 +720,37 @@ def run_tf(args, spec):
 
     if model is not None:
         variables = model.trainable_variables
+    if args.loop != "step" and model is None:
+        raise SystemExit(f"--loop {args.loop}: the {args.workload} workload has no Keras model")
+    if args.loop == "fit" and spec == "hvd-fp16":
+        raise SystemExit("--loop fit --compression hvd-fp16: Horovod's own Keras optimizer does not "
+                         "combine gradients on Keras 3 (docs/tensorflow.md); run it with --loop step")
     pipeline = grace.from_params(spec) if isinstance(spec, dict) else None
-    # grace's compressions go through the Keras optimizer wrapper, which sees the optimizer and can
-    # take its momentum over (as a Keras user's model.fit does); Horovod's own baselines through its
-    # tape (its Keras optimizer does not average on Keras 3). Gradients are clipped after they are
-    # combined in both (the optimizer's global_clipnorm), as the PyTorch runs do.
-    dist_opt = hvd.DistributedOptimizer(base, compression=pipeline) if pipeline is not None else base
     compression = hvd.Compression.fp16 if spec == "hvd-fp16" else hvd.Compression.none
-
     # The words workload's embedding gradient travels sparse (Horovod's allgather of rows, grace's
-    # rows); the others' as before, dense.
+    # rows); the others' dense (sparse_as_dense).
     sparse = args.workload == "words"
+    # The distributed steps start from a new optimizer of the user's settings, as Horovod's and
+    # grace's wrappers do: the calibration's steps left ``base`` with momentum (and Adam's moments
+    # and step count) that differ by rank.
+    fresh = base.__class__.from_config(base.get_config())
+    # --loop step: grace's compressions through the Keras optimizer wrapper, which sees the optimizer
+    # and can take its momentum over (as a Keras user's model.fit does); Horovod's own baselines
+    # through its tape (its Keras optimizer does not average on Keras 3). --loop tape: every
+    # compression through Horovod's tape, the optimizer as the user built it. --loop fit: model.fit
+    # with horovod.tensorflow.keras's DistributedOptimizer (fp32: compression=grace.none(), the
+    # uncompressed averaging that works there on Keras 3, docs/tensorflow.md). Gradients are
+    # clipped after they are combined in each (the optimizer's global_clipnorm), as PyTorch's are.
+    through_tape = args.loop == "tape" or pipeline is None
+    if args.loop == "fit":
+        import horovod.tensorflow.keras as hvd_keras
+
+        dist_opt = hvd_keras.DistributedOptimizer(
+            base, sparse_as_dense=not sparse, compression=grace.none() if pipeline is None else pipeline)
+    elif through_tape:
+        dist_opt = fresh
+    else:
+        dist_opt = hvd.DistributedOptimizer(base, compression=pipeline)
 
     def make_step(distributed):
         optimizer = dist_opt if distributed else base
@@ -719,22 +759,24 @@ def run_tf(args, spec):
         def step(*data):
             with tf.GradientTape() as tape:
                 loss = loss_of(*data)
-            if distributed and pipeline is None:
-                tape = hvd.DistributedGradientTape(tape, compression=compression,
-                                                   sparse_as_dense=not sparse)
+            if distributed and through_tape:
+                tape = hvd.DistributedGradientTape(
+                    tape, compression=compression if pipeline is None else pipeline,
+                    sparse_as_dense=not sparse)
             grads = tape.gradient(loss, variables)
-            if distributed and pipeline is not None and not sparse:
+            if distributed and not through_tape and not sparse:
                 grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
             optimizer.apply(grads, variables)
             return grads
         return step
 
-    local, distributed = make_step(False), make_step(True)
+    local = make_step(False)
     data = (lambda: batch()) if batch else (lambda: ())
     local(*data())
     compute_s = median_time(lambda: local(*data()), CALIBRATION_STEPS)
-    hvd.broadcast_variables(variables, root_rank=0)  # Keras 3 variables too, with import grace
     grads = [g for g in local(*data()) if g is not None]
+    # After the calibration's local steps, so that every worker starts from rank 0's weights.
+    hvd.broadcast_variables(variables, root_rank=0)  # Keras 3 variables too, with import grace
     sent = dense_bytes([sparse_size(g) for g in grads], spec)
     grads = [g.values if isinstance(g, tf.IndexedSlices) and sparse else tf.convert_to_tensor(g)
              for g in grads]
@@ -743,20 +785,40 @@ def run_tf(args, spec):
     else:
         compress_s = compression_time(pipeline, grads, size, compile=tf.function)
 
-    def dist_step():
-        distributed(*data())
+    if args.loop == "fit":
+        model.compile(optimizer=dist_opt, loss=xent)
 
-    dist_step()  # traces, and lets Horovod negotiate each tensor once
-    report(args, rank, size, samples, compute_s, compress_s, dist_step, evaluate,
+        def run_steps(n: int) -> None:
+            # The same batches, in the same order, as the other loops draw them.
+            drawn = [batch() for _ in range(n)]
+            x, y = (np.concatenate([np.asarray(d[i]) for d in drawn]) for i in (0, 1))
+            model.fit(x, y, batch_size=len(drawn[0][0]), epochs=1, shuffle=False, verbose=0)
+    else:
+        distributed = make_step(True)
+        run_steps = each_step(lambda: distributed(*data()))
+
+    run_steps(1)  # traces, and lets Horovod negotiate each tensor once
+    report(args, rank, size, samples, compute_s, compress_s, run_steps, evaluate,
            lambda: pipeline.stats() if pipeline else None, sent,
-           lambda: hvd.allreduce(tf.zeros(1), name="barrier"), pipeline)
+           lambda: hvd.allreduce(tf.zeros(1), name="barrier"), pipeline,
+           weights=lambda: [np.asarray(v) for v in variables], gather=hvd.allgather_object)
 
 
 # --- both ---------------------------------------------------------------------------------------
-def report(args, rank, size, samples, compute_s, compress_s, dist_step, evaluate, stats, dense,
-           barrier, pipeline=None):
-    """Train ``--epochs`` × ``--steps``; rank 0 prints per-epoch and final JSON lines (with the
-    communicator the pipeline used at this size, and the payload bytes it received per step)."""
+def each_step(dist_step):
+    """``run_steps`` for ``report`` from a function that trains one step."""
+    def run_steps(n: int) -> None:
+        for _ in range(n):
+            dist_step()
+    return run_steps
+
+
+def report(args, rank, size, samples, compute_s, compress_s, run_steps, evaluate, stats, dense,
+           barrier, pipeline=None, weights=None, gather=None):
+    """Train ``--epochs`` × ``--steps`` (``run_steps(n)`` trains n steps); rank 0 prints per-epoch
+    and final JSON lines (with the communicator the pipeline used at this size, the payload bytes it
+    received per step, and, given ``weights()``, the SHA-256 of the final weights' bytes and, given
+    ``gather`` (an allgather of Python objects), whether every worker ends with those weights)."""
     epochs = []
     sent_before = (stats() or {}).get("bytes_sent", 0)
     received_before = (stats() or {}).get("bytes_received", 0)
@@ -764,8 +826,7 @@ def report(args, rank, size, samples, compute_s, compress_s, dist_step, evaluate
     for epoch in range(1, args.epochs + 1):
         barrier()
         meter = Meter(args.wire)
-        for _ in range(args.steps):
-            dist_step()
+        run_steps(args.steps)
         barrier()
         row = {"epoch": epoch, **meter.done(args.steps)}
         s = stats()
@@ -797,6 +858,13 @@ def report(args, rank, size, samples, compute_s, compress_s, dist_step, evaluate
     wire = [e["wire_bytes_per_step"] for e in epochs if "wire_bytes_per_step" in e]
     if wire:
         result["wire_bytes_per_step"] = float(np.mean(wire))
+    if weights is not None:
+        import hashlib
+
+        result["weights_sha256"] = hashlib.sha256(b"".join(
+            np.ascontiguousarray(w).tobytes() for w in weights())).hexdigest()
+        if gather is not None:
+            result["workers_agree"] = len(set(gather(result["weights_sha256"]))) == 1
     if rank == 0:
         print("RESULT " + json.dumps(result), flush=True)
 

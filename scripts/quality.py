@@ -54,6 +54,9 @@ BUDGET = {"mnist": (10, 468), "cnn": (8, 117), "lstm": (10, 400), "words": (10, 
 TARGET_POINTS = {"qsgd": 2.0, "terngrad": 2.0, "signsgd": 3.0, "signum": 3.0}
 DEFAULT_TARGET = 1.0
 SIGN_METHODS = ("signsgd", "signum")
+# TensorFlow's training loops other than the benchmark's (compare_worker.py --loop): set-ups of their
+# own, each compared with fp32 of the same loop, and kept out of the safety table by their label.
+LOOP_LABELS = {"fit": " [model.fit]", "tape": " [tape]"}
 
 
 def code_version() -> str | None:
@@ -85,7 +88,7 @@ def merge(runs_per_file: list[list[dict]]) -> list[dict]:
         for r in runs:
             key = (r["workload"], r.get("optimizer", "sgd"), r["framework"], r["compression"],
                    r.get("seed", 0), r.get("optimizer_momentum"), passes(r), r.get("init"),
-                   r.get("commit") if r["compression"] == "fp32" else None)
+                   r.get("loop"), r.get("commit") if r["compression"] == "fp32" else None)
             if key not in merged or finished_later(r, merged[key]):
                 merged[key] = r
     return list(merged.values())
@@ -173,6 +176,9 @@ def run_matrix(args) -> list[dict]:
             init = args.init if args.init != "default" and fw == "torch" else None
             if init:
                 extra += ["--init", init]
+            loop = args.loop if args.loop != "step" and fw == "tf" else None
+            if loop:
+                extra += ["--loop", loop]
             given = None
             if args.momentum_to == "compressor" and fw == "ddp" and is_accuracy(workload):
                 comp, given = momentum_to_compressor(comp, optimizer)
@@ -188,6 +194,8 @@ def run_matrix(args) -> list[dict]:
             row = compare.run_one(fw, workload, comp, None, 2, run_args, emulate=False, extra=tuple(extra))
             if init:
                 row["init"] = init
+            if loop:
+                row["loop"] = loop
             row.update(rate="unshaped (localhost)", optimizer=optimizer, lr=lr, seed=seed,
                        optimizer_momentum=given,
                        finished=datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -226,7 +234,7 @@ def summarize(results: list[dict]) -> list[dict]:
     row ``fp32 at COMMIT`` (``baseline_only``), so that every gap's baseline is in the table."""
     def case_of(r: dict) -> tuple:
         return (r["workload"], r.get("optimizer", "sgd"), r["framework"], r.get("seed", 0), passes(r),
-                r.get("init"))
+                r.get("init"), r.get("loop"))
 
     fp32 = [r for r in results if r["compression"] == "fp32"]
     baseline = {(case_of(r), r.get("commit")): _final(r) for r in fp32}
@@ -247,7 +255,8 @@ def summarize(results: list[dict]) -> list[dict]:
         row = {"workload": r["workload"], "optimizer": case[1], "framework": r["framework"],
                "compressor": compare.label(r["compression"])
                + (f" at {r.get('commit') or 'unrecorded code'}" if baseline_only else "")
-               + (" [Keras init]" if r.get("init") else ""),
+               + (" [Keras init]" if r.get("init") else "")
+               + LOOP_LABELS.get(r.get("loop"), ""),
                "lr": r.get("lr"), "seed": case[3],
                "status": r.get("status"), "final": final, "passes": case[4]}
         if baseline_only:
@@ -600,6 +609,12 @@ def main(argv=None):
                         help="PyTorch's runs of mnist, the LSTM and words: glorot starts from Keras's "
                              "initial weights (compare_worker.py --init); a set-up of its own, "
                              "labelled [Keras init], outside the safety table")
+    parser.add_argument("--loop", choices=("step", "fit", "tape"), default="step",
+                        help="TensorFlow's runs: step, the benchmark's tf.function step handing the "
+                             "gradients to the Keras optimizer as model.fit does; fit, model.fit "
+                             "itself; tape, every compression through Horovod's DistributedGradientTape "
+                             "(compare_worker.py --loop). fit and tape are set-ups of their own, "
+                             "labelled [model.fit] and [tape], outside the safety table")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     parser.add_argument("--epochs", type=int, default=None,
                         help="epochs per run, of the workload's steps each (default: BUDGET's, 10); "

@@ -1,0 +1,63 @@
+"""TensorFlow's training loops give the same training: the quality benchmark's TensorFlow runs hand
+each step's gradients to the Keras optimizer inside a ``tf.function`` step (``compare_worker.py
+--loop step``); ``model.fit``, the way most Keras users train, and Horovod's
+``DistributedGradientTape``, the way TF2 loops are written, must end with the same weights, bit for
+bit, from the same batches, so that the benchmark's figures hold for them. Every worker must end
+with the same weights in each loop. Real Horovod workers (2, Gloo), the mnist MLP on Fashion-MNIST,
+a pass of 24 steps a worker after one warm-up step."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+
+import pytest
+
+from scripts import compare
+
+pytestmark = pytest.mark.slow
+
+TOPK = json.dumps({"compressor": "topk", "ratio": 0.01})
+QSGD = json.dumps({"compressor": "qsgd"})
+DGC = json.dumps({"compressor": "dgc"})
+ONEBIT = json.dumps({"compressor": "onebit"})
+STEPS = 24
+
+
+@functools.cache  # a run serves every test that compares it
+def train(compression: str, loop: str, optimizer: str = "sgd") -> dict:
+    args = argparse.Namespace(epochs=1, steps=STEPS, exchange_steps=STEPS, timeout=900)
+    row = compare.run_one("tf", "mnist", compression, None, 2, args, emulate=False,
+                          extra=("--loop", loop, "--optimizer", optimizer))
+    assert row["status"] == "ok", row["status"]
+    assert row["workers_agree"], f"{compression} --loop {loop}: the workers' weights differ"
+    return row
+
+
+@pytest.mark.parametrize("compression,optimizer", [
+    ("fp32", "sgd"),     # Horovod's own Keras optimizer under model.fit, mended by import grace
+    (TOPK, "sgd"),       # error feedback
+    (DGC, "sgd"),        # SGD's momentum taken over by the compressor
+    (ONEBIT, "adam"),    # Adam's first moment taken over
+])
+def test_model_fit_trains_as_the_benchmarks_step(compression, optimizer):
+    step, fit = train(compression, "step", optimizer), train(compression, "fit", optimizer)
+    assert fit["weights_sha256"] == step["weights_sha256"]
+    assert fit["epochs"][-1]["test_accuracy"] == step["epochs"][-1]["test_accuracy"]
+    assert fit["bytes_per_step"] == step["bytes_per_step"]
+
+
+@pytest.mark.parametrize("compression", [TOPK, QSGD])
+def test_the_tape_trains_as_the_optimizer_wrapper_where_nothing_is_taken_over(compression):
+    step, tape = train(compression, "step"), train(compression, "tape")
+    assert tape["weights_sha256"] == step["weights_sha256"]
+    assert tape["bytes_per_step"] == step["bytes_per_step"]
+
+
+def test_the_tape_differs_from_the_wrapper_where_the_wrapper_takes_momentum_over():
+    """The control: DGC under the tape applies its own momentum and the optimizer's 0.9 applies
+    again (said on rank 0 as the tape is built); the wrapper takes the optimizer's over. The digest
+    tells the two apart."""
+    step, tape = train(DGC, "step"), train(DGC, "tape")
+    assert tape["weights_sha256"] != step["weights_sha256"]
