@@ -76,7 +76,9 @@ def parse_args(argv=None):
                              "Horovod's tape); fit, model.fit with horovod.tensorflow.keras's "
                              "DistributedOptimizer (fp32: with grace.none(), as Horovod's own does "
                              "not average on Keras 3); tape, every compression through Horovod's "
-                             "DistributedGradientTape, the optimizer as the user built it")
+                             "DistributedGradientTape, the optimizer as the user built it (fp32 and "
+                             "hvd-fp16 are Horovod's tape in step and tape alike). fit's step time "
+                             "includes drawing and joining the epoch's batches and Keras's fit call")
     parser.add_argument("--sparse-as-dense", action="store_true",
                         help="PyTorch: the words model's embedding gradient travels dense")
     return parser.parse_args(argv)
@@ -801,7 +803,8 @@ def run_tf(args, spec):
     report(args, rank, size, samples, compute_s, compress_s, run_steps, evaluate,
            lambda: pipeline.stats() if pipeline else None, sent,
            lambda: hvd.allreduce(tf.zeros(1), name="barrier"), pipeline,
-           weights=lambda: [np.asarray(v) for v in variables], gather=hvd.allgather_object)
+           weights=lambda: [np.asarray(v) for v in variables], gather=hvd.allgather_object,
+           loop=args.loop)
 
 
 # --- both ---------------------------------------------------------------------------------------
@@ -814,11 +817,13 @@ def each_step(dist_step):
 
 
 def report(args, rank, size, samples, compute_s, compress_s, run_steps, evaluate, stats, dense,
-           barrier, pipeline=None, weights=None, gather=None):
+           barrier, pipeline=None, weights=None, gather=None, loop=None):
     """Train ``--epochs`` × ``--steps`` (``run_steps(n)`` trains n steps); rank 0 prints per-epoch
     and final JSON lines (with the communicator the pipeline used at this size, the payload bytes it
-    received per step, and, given ``weights()``, the SHA-256 of the final weights' bytes and, given
-    ``gather`` (an allgather of Python objects), whether every worker ends with those weights)."""
+    received per step, TensorFlow's ``loop``, and, given ``weights()`` (the trained variables: a
+    normalization layer's moving statistics are each worker's own), the SHA-256 of the final
+    weights' bytes and, given ``gather`` (an allgather of Python objects), whether every worker
+    ends with those weights)."""
     epochs = []
     sent_before = (stats() or {}).get("bytes_sent", 0)
     received_before = (stats() or {}).get("bytes_received", 0)
@@ -858,6 +863,8 @@ def report(args, rank, size, samples, compute_s, compress_s, run_steps, evaluate
     wire = [e["wire_bytes_per_step"] for e in epochs if "wire_bytes_per_step" in e]
     if wire:
         result["wire_bytes_per_step"] = float(np.mean(wire))
+    if loop is not None:
+        result["loop"] = loop
     if weights is not None:
         import hashlib
 
@@ -876,6 +883,8 @@ def main(argv=None):
         raise SystemExit(f"--compression {spec}: PyTorch's DDP hooks run with --framework ddp")
     if spec == "hvd-fp16" and args.framework == "ddp":
         raise SystemExit("--compression hvd-fp16 is Horovod's; under DDP, torch-fp16 is PyTorch's")
+    if args.loop != "step" and args.framework != "tf":
+        raise SystemExit(f"--loop {args.loop} is TensorFlow's (--framework tf)")
     if spec not in ("fp32", "hvd-fp16", *torch_hooks.HOOKS):
         spec = json.loads(spec)
     from grace import heap

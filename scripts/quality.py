@@ -120,9 +120,10 @@ def learning_rate(name: str, workload: str, optimizer: str) -> float | None:
 
 
 def is_fp32(label: str) -> bool:
-    """Whether a row's label is uncompressed training: ``fp32``, or an earlier code's ``fp32 at
-    COMMIT`` that runs of that code are measured against (``summarize``)."""
-    return label == "fp32" or label.startswith("fp32 at ")
+    """Whether a row's label is uncompressed training: ``fp32``, an earlier code's ``fp32 at
+    COMMIT`` that runs of that code are measured against (``summarize``), or fp32 of a set-up of
+    its own (``fp32 [Keras init]``, ``fp32 [model.fit]``)."""
+    return label == "fp32" or label.startswith(("fp32 at ", "fp32 ["))
 
 
 def compressor_of(compression: str) -> str:
@@ -514,8 +515,10 @@ SERIES.update({("cnn", *rest): style for (workload, *rest), style in list(SERIES
 
 def plotted(rows: list[dict]) -> list[dict]:
     """The rows the plots draw: seed 0 at the benchmark's length, without an earlier code's fp32
-    (``baseline_only``): fp32's curve is the latest one's."""
-    return [r for r in at_benchmark_length(rows) if r.get("seed", 0) == 0 and not r.get("baseline_only")]
+    (``baseline_only``): fp32's curve is the latest one's; and not TensorFlow's other loops
+    (``LOOP_LABELS``), whose runs train as the benchmark's loop, bit for bit (tests/test_tf_loops.py)."""
+    return [r for r in at_benchmark_length(rows) if r.get("seed", 0) == 0 and not r.get("baseline_only")
+            and not r["compressor"].endswith(tuple(LOOP_LABELS.values()))]
 
 
 def plot(rows: list[dict], path: str) -> str | None:

@@ -240,6 +240,42 @@ def test_init_reaches_pytorchs_workers_only(monkeypatch, tmp_path):
     assert [r.get("init") for r in written] == ["glorot", None]
 
 
+def test_tensorflows_other_loops_are_set_ups_of_their_own():
+    """``--loop fit`` / ``--loop tape``: each run's gap is to fp32 of the same loop, the benchmark's
+    rows are neither shadowed nor compared with them, their fp32 is fp32 (no verdict of its own),
+    and they stay out of the safety table and the plots (they train as the benchmark's loop)."""
+    step = [run("fp32", 0, 0.885), run(ONEBIT, 0, 0.884)]
+    fit = [dict(run("fp32", 0, 0.870), loop="fit"), dict(run(ONEBIT, 0, 0.850), loop="fit")]
+    tape = [dict(run("fp32", 0, 0.880), loop="tape"), dict(run(ONEBIT, 0, 0.875), loop="tape")]
+    rows = quality.summarize(quality.merge([step, fit, tape]))
+    gaps = {r["compressor"]: r["gap"] for r in rows}
+    assert gaps == {"fp32": 0.0, "onebit": pytest.approx(0.1), "fp32 [model.fit]": 0.0,
+                    "onebit [model.fit]": pytest.approx(2.0), "fp32 [tape]": 0.0,
+                    "onebit [tape]": pytest.approx(0.5)}
+    assert quality.is_fp32("fp32 [model.fit]") and not quality.is_fp32("onebit [model.fit]")
+    assert "✗" not in quality.safety_markdown(rows, ["onebit"])
+    assert {r["compressor"] for r in quality.plotted(rows)} == {"fp32", "onebit"}
+    lines = {line.split(" | ")[0]: line for line in quality.markdown(rows).splitlines()}
+    assert "≤" not in lines["| fp32 [model.fit]"] and "≤ 1 ✗" in lines["| onebit [model.fit]"]
+
+
+def test_loop_reaches_tensorflows_workers_only(monkeypatch, tmp_path):
+    seen = []
+
+    def run_one(framework, workload, compression, rate, workers, run_args, **kwargs):
+        extra = list(kwargs["extra"])
+        seen.append((framework, extra[extra.index("--loop") + 1] if "--loop" in extra else None))
+        return {"status": "failed"}
+
+    written = []
+    monkeypatch.setattr(quality.compare, "run_one", run_one)
+    monkeypatch.setattr(quality, "write", lambda results, out: written.extend(results))
+    quality.main(["--cases", "mnist-sgd", "--frameworks", "torch,tf", "--compressors", "fp32",
+                  "--loop", "fit", "--out", str(tmp_path)])
+    assert seen == [("torch", None), ("tf", "fit")]
+    assert [r.get("loop") for r in written] == [None, "fit"]
+
+
 def test_a_run_followed_past_the_benchmark_shows_its_gap_at_the_benchmarks_length_and_at_its_end():
     """``quality.followed``: the gap read off the same runs' curves at the benchmark's 10 epochs and
     at the end (here 12), to fp32 of the same framework; perplexity as % above fp32's."""

@@ -25,18 +25,23 @@ ONEBIT = json.dumps({"compressor": "onebit"})
 STEPS = 24
 
 
-@functools.cache  # a run serves every test that compares it
-def train(compression: str, loop: str, optimizer: str = "sgd") -> dict:
+def train(compression: str, loop: str, optimizer: str = "sgd", momentum: str | None = None) -> dict:
+    return _train(compression, loop, optimizer, momentum)
+
+
+@functools.cache  # one run serves every test that compares it
+def _train(compression: str, loop: str, optimizer: str, momentum: str | None) -> dict:
     args = argparse.Namespace(epochs=1, steps=STEPS, exchange_steps=STEPS, timeout=900)
-    row = compare.run_one("tf", "mnist", compression, None, 2, args, emulate=False,
-                          extra=("--loop", loop, "--optimizer", optimizer))
+    extra = ("--loop", loop, "--optimizer", optimizer) + (("--momentum", momentum) if momentum else ())
+    row = compare.run_one("tf", "mnist", compression, None, 2, args, emulate=False, extra=extra)
     assert row["status"] == "ok", row["status"]
+    assert row["loop"] == loop  # the worker ran the loop asked for
     assert row["workers_agree"], f"{compression} --loop {loop}: the workers' weights differ"
     return row
 
 
 @pytest.mark.parametrize("compression,optimizer", [
-    ("fp32", "sgd"),     # Horovod's own Keras optimizer under model.fit, mended by import grace
+    ("fp32", "sgd"),     # Horovod's tape in the step loop; compression=grace.none() under model.fit
     (TOPK, "sgd"),       # error feedback
     (DGC, "sgd"),        # SGD's momentum taken over by the compressor
     (ONEBIT, "adam"),    # Adam's first moment taken over
@@ -44,8 +49,15 @@ def train(compression: str, loop: str, optimizer: str = "sgd") -> dict:
 def test_model_fit_trains_as_the_benchmarks_step(compression, optimizer):
     step, fit = train(compression, "step", optimizer), train(compression, "fit", optimizer)
     assert fit["weights_sha256"] == step["weights_sha256"]
-    assert fit["epochs"][-1]["test_accuracy"] == step["epochs"][-1]["test_accuracy"]
-    assert fit["bytes_per_step"] == step["bytes_per_step"]
+    if compression != "fp32":  # fp32's bytes are the dense estimate in both: nothing to compare
+        assert fit["bytes_per_step"] == step["bytes_per_step"]
+
+
+def test_the_digest_tells_trainings_apart():
+    """The loops' agreement means something only if different trainings give different digests:
+    fp32, top-k and DGC from the same start and batches end with three different weights."""
+    digests = {train(c, "step")["weights_sha256"] for c in ("fp32", TOPK, DGC)}
+    assert len(digests) == 3
 
 
 @pytest.mark.parametrize("compression", [TOPK, QSGD])
@@ -55,9 +67,11 @@ def test_the_tape_trains_as_the_optimizer_wrapper_where_nothing_is_taken_over(co
     assert tape["bytes_per_step"] == step["bytes_per_step"]
 
 
-def test_the_tape_differs_from_the_wrapper_where_the_wrapper_takes_momentum_over():
-    """The control: DGC under the tape applies its own momentum and the optimizer's 0.9 applies
-    again (said on rank 0 as the tape is built); the wrapper takes the optimizer's over. The digest
-    tells the two apart."""
-    step, tape = train(DGC, "step"), train(DGC, "tape")
-    assert tape["weights_sha256"] != step["weights_sha256"]
+def test_the_tape_with_the_momentum_given_to_dgc_trains_as_the_wrapper_that_takes_it_over():
+    """What docs/quality.md tells a tape user: the tape sees no optimizer, so DGC applies its own
+    momentum (0.9, its default) and the optimizer is given none. That is exactly what the wrapper
+    does when it takes SGD's 0.9 over; with the optimizer's momentum left on, the tape applies it
+    twice and trains otherwise (the line rank 0 logs as the tape is built)."""
+    step = train(DGC, "step")
+    assert train(DGC, "tape", momentum="0")["weights_sha256"] == step["weights_sha256"]
+    assert train(DGC, "tape")["weights_sha256"] != step["weights_sha256"]

@@ -38,6 +38,14 @@ class TopK(Sparse, Compressor):
     Stich et al., "Sparsified SGD with Memory", NeurIPS 2018."""
 
     name = "topk"
+    shortfalls = {
+        "mnist-sgd": "1.0 points below in TensorFlow (the mean of three seeds: 0.70, 2.36, 0.05; "
+                     "PyTorch's mean 0.86, within): the likely cause, not "
+                     "yet isolated, is the optimizer's momentum applied after the exchange to "
+                     "entries the residual sends late (1-bit's failure before it took the "
+                     "momentum over); dgc, top-k with the momentum applied before compression, "
+                     "ended 0.23 above fp32 there at seed 0",
+    }
     default_memory = "residual"
     default_communicator = "allgather"
     owner_ratio: float | None = None
