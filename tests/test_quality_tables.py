@@ -224,19 +224,24 @@ def test_runs_from_kerass_initial_weights_are_a_set_up_of_their_own():
     assert "✗" not in quality.safety_markdown(rows, ["onebit"])
 
 
-def test_init_reaches_pytorchs_workers_only(monkeypatch, tmp_path):
-    seen = []
+def dry_matrix(monkeypatch, tmp_path, *argv: str) -> tuple[list, list]:
+    """``quality.main(argv)`` with fp32 on both frameworks, no run started: each framework's worker
+    arguments, and the rows written."""
+    seen, written = [], []
 
     def run_one(framework, workload, compression, rate, workers, run_args, **kwargs):
-        seen.append((framework, "--init" in kwargs["extra"]))
+        seen.append((framework, list(kwargs["extra"])))
         return {"status": "failed"}
 
-    written = []
     monkeypatch.setattr(quality.compare, "run_one", run_one)
     monkeypatch.setattr(quality, "write", lambda results, out: written.extend(results))
-    quality.main(["--cases", "lstm-sgd", "--frameworks", "torch,tf", "--compressors", "fp32",
-                  "--init", "glorot", "--out", str(tmp_path)])
-    assert seen == [("torch", True), ("tf", False)]
+    quality.main(["--frameworks", "torch,tf", "--compressors", "fp32", "--out", str(tmp_path), *argv])
+    return seen, written
+
+
+def test_init_reaches_pytorchs_workers_only(monkeypatch, tmp_path):
+    seen, written = dry_matrix(monkeypatch, tmp_path, "--cases", "lstm-sgd", "--init", "glorot")
+    assert [(fw, "--init" in extra) for fw, extra in seen] == [("torch", True), ("tf", False)]
     assert [r.get("init") for r in written] == ["glorot", None]
 
 
@@ -260,19 +265,9 @@ def test_tensorflows_other_loops_are_set_ups_of_their_own():
 
 
 def test_loop_reaches_tensorflows_workers_only(monkeypatch, tmp_path):
-    seen = []
-
-    def run_one(framework, workload, compression, rate, workers, run_args, **kwargs):
-        extra = list(kwargs["extra"])
-        seen.append((framework, extra[extra.index("--loop") + 1] if "--loop" in extra else None))
-        return {"status": "failed"}
-
-    written = []
-    monkeypatch.setattr(quality.compare, "run_one", run_one)
-    monkeypatch.setattr(quality, "write", lambda results, out: written.extend(results))
-    quality.main(["--cases", "mnist-sgd", "--frameworks", "torch,tf", "--compressors", "fp32",
-                  "--loop", "fit", "--out", str(tmp_path)])
-    assert seen == [("torch", None), ("tf", "fit")]
+    seen, written = dry_matrix(monkeypatch, tmp_path, "--cases", "mnist-sgd", "--loop", "fit")
+    assert [(fw, extra[extra.index("--loop") + 1] if "--loop" in extra else None)
+            for fw, extra in seen] == [("torch", None), ("tf", "fit")]
     assert [r.get("loop") for r in written] == [None, "fit"]
 
 
