@@ -732,10 +732,6 @@ def run_tf(args, spec):
     # The words workload's embedding gradient travels sparse (Horovod's allgather of rows, grace's
     # rows); the others' dense (sparse_as_dense).
     sparse = args.workload == "words"
-    # The distributed steps start from a new optimizer of the user's settings, as Horovod's and
-    # grace's wrappers do: the calibration's steps left ``base`` with momentum (and Adam's moments
-    # and step count) that differ by rank.
-    fresh = base.__class__.from_config(base.get_config())
     # --loop step: grace's compressions through the Keras optimizer wrapper, which sees the optimizer
     # and can take its momentum over (as a Keras user's model.fit does); Horovod's own baselines
     # through its tape (its Keras optimizer does not average on Keras 3). --loop tape: every
@@ -750,7 +746,9 @@ def run_tf(args, spec):
         dist_opt = hvd_keras.DistributedOptimizer(
             base, sparse_as_dense=not sparse, compression=grace.none() if pipeline is None else pipeline)
     elif through_tape:
-        dist_opt = fresh
+        # A new optimizer of the user's settings, as the wrappers of the other branches build: the
+        # calibration's steps left ``base`` with momentum (Adam's moments, step count) that differ by rank.
+        dist_opt = base.__class__.from_config(base.get_config())
     else:
         dist_opt = hvd.DistributedOptimizer(base, compression=pipeline)
 

@@ -262,6 +262,8 @@ def summarize(results: list[dict]) -> list[dict]:
                "status": r.get("status"), "final": final, "passes": case[4]}
         if baseline_only:
             row["baseline_only"] = True
+        if r.get("loop"):
+            row["loop"] = r["loop"]
         if r.get("optimizer_momentum") is not None:
             row["optimizer_momentum"] = r["optimizer_momentum"]
             row["horovod_twin"] = horovod_twin(r["compression"])
@@ -518,7 +520,7 @@ def plotted(rows: list[dict]) -> list[dict]:
     (``baseline_only``): fp32's curve is the latest one's; and not TensorFlow's other loops
     (``LOOP_LABELS``), whose runs train as the benchmark's loop, bit for bit (tests/test_tf_loops.py)."""
     return [r for r in at_benchmark_length(rows) if r.get("seed", 0) == 0 and not r.get("baseline_only")
-            and not r["compressor"].endswith(tuple(LOOP_LABELS.values()))]
+            and not r.get("loop")]
 
 
 def plot(rows: list[dict], path: str) -> str | None:
