@@ -11,7 +11,9 @@ the wrapped optimizer's momentum (``OptimizerMomentum``), hands it to the pipeli
 aside for each step, its settings left as the user set them; Keras and TF1: set to 0); the user's
 script is unchanged. The
 tensors that travel dense (below ``min_numel``, or during warm-up) then get the same momentum from
-the pipeline, applied before the exchange (a sum of velocities is the velocity of the sum).
+the pipeline, applied before the exchange (a sum of velocities is the velocity of the sum); so do
+they where the momentum is given to the compressor, or is its own where no optimizer is seen (the
+tape, a DDP hook), for it stands for the optimizer's there (``grace.takeover``).
 """
 
 from __future__ import annotations

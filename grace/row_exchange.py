@@ -63,7 +63,7 @@ class RowExchange:
                 # In a traced graph the count is a tensor: no warm-up for rows there.
                 encoded = not isinstance(exchange, int) or not self.warmup.dense_now(exchange)
             residual = None if self.memory.stateless else self.residual
-            velocity = self.takeover.row_velocity if self.takeover.taken is not None else None
+            velocity = self.takeover.row_velocity if self.takeover.dense_momentum else None
             entry.compressor = RowsCodec(self.compressor, encoded, table, residual, velocity,
                                          transactional=self.check_finite)
             self._own(entry.compressor)

@@ -47,6 +47,14 @@ class Takeover:
         part = self.part
         if keep_optimizer and part is not None and part.momentum_given is None:
             part.momentum = 0.0  # nothing of the optimizer's is taken, and no default added
+        if (not keep_optimizer and part is not None and part.momentum
+                and (part.momentum_given is not None or not part.keeps_default_momentum)):
+            # Given (dgc(momentum=0.9)), or DGC's default where no optimizer is seen: the momentum
+            # stands for the optimizer's, which the user is told to leave at 0, so the tensors
+            # that travel dense get it too, as they do when it is taken from the optimizer.
+            # Signum's own beta is its algorithm, the sign of an average, not the optimizer's:
+            # the dense tensors step as the optimizer says, as under the wrapper.
+            self._dense_momentum(part, (part.momentum, part.nesterov, part.dampening))
 
     @property
     def part(self) -> OwnsMomentum | None:
@@ -62,8 +70,13 @@ class Takeover:
         if part is None or (adam and not part.takes_adam_beta1) or self.keep_optimizer:
             return None
         if found.momentum == 0.0:
-            if part.momentum_given is None and not part.keeps_default_momentum:
-                part.momentum = 0.0  # the optimizer as it is: no momentum there, none here
+            if part.momentum_given is None:
+                # The optimizer as it is: no momentum there, none here; where the part keeps its
+                # default (signum's beta, its algorithm), the dense tensors still step as the
+                # optimizer says, without.
+                if not part.keeps_default_momentum:
+                    part.momentum = 0.0
+                self._dense_plain()
             kept = part.kept_line(found, self.compressor.name)
             if kept is not None:
                 self._kept_notes.append(kept)
@@ -82,20 +95,36 @@ class Takeover:
 
     def _apply(self, part: Any, found: OptimizerMomentum) -> None:
         part.take_momentum(found)
+        # The optimizer's, not the part's: random-k takes it to turn it off on what it compresses.
+        self.taken = (found.momentum, found.nesterov, found.dampening)
+        self._dense_momentum(part, self.taken)
+
+    @property
+    def dense_momentum(self) -> bool:
+        """Whether the tensors that travel dense, and sparse gradients' rows, get a momentum here,
+        before the exchange (the optimizer's taken over, or the one given to the compression)."""
+        return isinstance(self.dense_memory, MomentumMemory)
+
+    def _dense_plain(self) -> None:
+        self.dense_memory = NoneMemory()
+        self._own(self.dense_memory)
+        rows = self.row_velocity
+        rows.momentum, rows.nesterov, rows.dampening = 0.0, False, 0.0
+
+    def _dense_momentum(self, part: Any, params: tuple[float, bool, float]) -> None:
+        """The dense tensors' memory and the sparse rows' velocity at the momentum ``params``."""
         if isinstance(self.dense_memory, MomentumMemory):  # retaken: the same velocities
             dense = self.dense_memory
-            dense.momentum, dense.nesterov, dense.dampening = (found.momentum, found.nesterov,
-                                                               found.dampening)
+            dense.momentum, dense.nesterov, dense.dampening = params
         else:
-            dense = MomentumMemory(found.momentum, found.nesterov, found.dampening)
+            dense = MomentumMemory(*params)
             if isinstance(part, MomentumMemory) and part.momentum_params() == dense.momentum_params():
                 # One velocity per tensor: a warm-up's dense steps build what compression continues.
                 dense.velocities = part.velocities
         self._own(dense)
         self.dense_memory = dense
         rows = self.row_velocity
-        rows.momentum, rows.nesterov, rows.dampening = found.momentum, found.nesterov, found.dampening
-        self.taken = (found.momentum, found.nesterov, found.dampening)
+        rows.momentum, rows.nesterov, rows.dampening = params
 
     def take_adam_moments(self, beta2: float, eps: float, averaged: bool, plain_route: bool
                           ) -> str | None:

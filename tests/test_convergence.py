@@ -21,8 +21,11 @@ there (2.55 points below the uncompressed run against 2.20, seed 0), within top-
 compressors whose memory is error feedback also run to 1,500 steps (PyTorch), each beside itself
 without its memory (two-bit beside itself with plain error feedback, the optimizer's momentum
 applied after the exchange, instead of error feedback on the velocity): each meets its bar there,
-and the broken variant ends lower in accuracy and higher in loss in the same run, for five of the
-eight outside the bar too (a broken variant fails the test). The error feedback arithmetic is one
+and the broken variant ends lower in accuracy and higher in loss in the same run (PowerSGD and
+two-bit on the mean of three seeds, a minute's run each: their margin at one seed is within what
+another machine's rounding moves), for five of the eight outside the bar too (a broken variant
+fails the test). The bars hold the runs of each machine the study was recorded on: the same code
+and seed end with other weights on another processor. The error feedback arithmetic is one
 implementation for both frameworks, held bit for bit against numpy models in each
 (tests/reference.py), so the longer run is not repeated in TensorFlow.
 
@@ -48,10 +51,10 @@ COMPRESSORS = grace.available()
 COMPARED = [name for name in COMPRESSORS if name != "none"]  # none is the reference itself
 
 
-def _train(tmp_path_factory, framework: str, steps: int, names: list[str]) -> dict:
-    out = tmp_path_factory.mktemp("convergence") / f"{framework}-{steps}.json"
+def _train(tmp_path_factory, framework: str, steps: int, names: list[str], seed: int = SEED) -> dict:
+    out = tmp_path_factory.mktemp("convergence") / f"{framework}-{steps}-{seed}.json"
     horovodrun(WORKER, str(out), "--framework", framework, "--compressors", ",".join(names),
-               "--steps", str(steps), "--seed", str(SEED), timeout=1800)
+               "--steps", str(steps), "--seed", str(seed), timeout=1800)
     return json.loads(out.read_text())
 
 
@@ -72,6 +75,15 @@ def longer(tmp_path_factory) -> dict:
     return _train(tmp_path_factory, "torch", study.EF_STEPS, names)
 
 
+@pytest.fixture(scope="module")
+def longer_other_seeds(tmp_path_factory) -> list[dict]:
+    """The 1,500-step run at the study's other seeds, for the compressors whose memory is held on
+    the mean of its seeds (``study.HELD_ON_THE_MEAN``): a minute each."""
+    names = ["none", *study.HELD_ON_THE_MEAN, *map(study.broken, study.HELD_ON_THE_MEAN)]
+    return [_train(tmp_path_factory, "torch", study.EF_STEPS, names, seed)
+            for seed in study.SEEDS if seed != SEED]
+
+
 def _bar_of(record: dict, framework: str, steps: int, name: str) -> tuple[float, float]:
     found = study.bars(record, framework, steps)
     assert name in found, (f"{name!r} has no recorded bar for {framework} at {steps} steps: run "
@@ -90,19 +102,25 @@ def test_every_compressor_ends_within_its_bar(runs, record, framework, name):
 
 
 @pytest.mark.parametrize("name", list(study.BROKEN))
-def test_error_feedback_meets_its_bar_and_pays_against_its_absence(longer, record, name):
+def test_error_feedback_meets_its_bar_and_pays_against_its_absence(longer, record, name, request):
     """At 1,500 steps each error-feedback compressor ends within its bar; the same compressor with
     its memory dropped (nothing else changed, same seed; two-bit with plain error feedback instead
     of its velocity's, the optimizer's momentum after the exchange) ends lower in accuracy and
-    higher in loss (``memory_pays``), and, for those whose bar measures it at every seed, outside
-    the bar."""
+    higher in loss (``memory_pays``; PowerSGD and two-bit on the mean of the study's three seeds,
+    whose margin at one seed is within what another machine's rounding moves), and, for those whose
+    bar measures it at every seed, outside the bar."""
     assert longer[name]["finite"] and longer[name]["same_on_all_workers"]
     max_gap, max_loss = _bar_of(record, "torch", study.EF_STEPS, name)
     kept = study.gap(longer, name)
     assert kept <= max_gap and study.loss_ratio(longer, name) <= max_loss, (kept, max_gap)
     broken = study.broken(name)
     dropped = (study.gap(longer, broken), study.loss_ratio(longer, broken))
-    assert study.memory_pays(longer, name), (kept, study.loss_ratio(longer, name), dropped)
+    paired = [longer]
+    if name in study.HELD_ON_THE_MEAN:  # the other seeds' runs only where they are needed
+        paired += request.getfixturevalue("longer_other_seeds")
+    assert study.memory_pays(paired, name), [(study.gap(r, name), study.loss_ratio(r, name),
+                                              study.gap(r, broken), study.loss_ratio(r, broken))
+                                             for r in paired]
     if name in study.BAR_MISSED_WITHOUT_MEMORY:
         assert dropped[0] > max_gap or dropped[1] > max_loss, (dropped, max_gap, max_loss)
 

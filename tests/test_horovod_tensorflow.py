@@ -240,12 +240,26 @@ def test_tf1_momentum_optimizer_is_taken_over_by_dgc(tf_run):
         reference.with_velocity(reference.largest(0.05), M, mask=True), momentum=DENSE_MOMENTUM))
 
 
+def test_a_momentum_given_to_dgc_on_the_tape_applies_to_the_dense_tensors_too(tf_run):
+    """``grace.dgc(momentum=0.9)`` on the tape, the optimizer without momentum: W's velocity before
+    compression and b's (dense, below ``min_numel``) before the exchange, as the wrappers do with
+    the optimizer's momentum taken over (``keras_dgc_momentum``)."""
+    from tests.test_momentum import DENSE_MOMENTUM, M
+
+    check(tf_run, "tape_dgc_given", reference.simulate(
+        reference.with_velocity(reference.largest(0.05), M, mask=True), momentum=DENSE_MOMENTUM))
+
+
 def test_warmup_under_tf_function_switches_from_dense_to_compressed(tf_run):
-    """The tape sees no optimizer: DGC applies its own momentum (0.9) to W once compression starts,
-    and the four warm-up steps are plain dense SGD, chosen inside the traced graph."""
-    compress = reference.with_velocity(reference.largest(0.05), 0.9, mask=True, dense_steps=4,
-                                       dense_momentum=False)
-    infos = check(tf_run, "tape_function_dgc_warmup", reference.simulate(compress))
+    """The tape sees no optimizer: DGC applies its own momentum (0.9), as the wrappers apply the
+    momentum they take over: the four warm-up steps send W's velocity dense, which compression
+    then continues, and b, dense throughout, steps with its velocity too; the switch is chosen
+    inside the traced graph."""
+    from tests.test_momentum import DENSE_MOMENTUM
+
+    compress = reference.with_velocity(reference.largest(0.05), 0.9, mask=True, dense_steps=4)
+    infos = check(tf_run, "tape_function_dgc_warmup", reference.simulate(compress,
+                                                                         momentum=DENSE_MOMENTUM))
     assert infos[0]["traces"] == 2  # traced once (plus TensorFlow's variable-creating trace)
     # Four dense exchanges of W and b, then six of W's 64 values and indices and b dense.
     assert infos[0]["stats"]["bytes_sent"] == 4 * (1288 * 4) + 6 * (64 * 8 + 8 * 4)

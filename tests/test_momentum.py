@@ -13,7 +13,7 @@ import pytest
 import grace
 from tests import reference
 from tests.launch import ROOT, horovodrun
-from tests.test_horovod_torch import check
+from tests.test_horovod_torch import check, load
 
 WORKER = os.path.join(ROOT, "tests", "workers", "torch_momentum.py")
 M = 0.9
@@ -41,6 +41,24 @@ def test_dgc_takes_sgd_momentum_over_and_applies_it_once(run):
     # One log line per wrapper built with momentum to take, from rank 0 only.
     lines = [line for line in log.splitlines() if "grace: dgc applies torch.optim.SGD's momentum" in line]
     assert len(lines) == 4 and all(line.startswith("[0]") for line in lines)
+
+
+def test_a_momentum_given_to_dgc_over_sgd_without_one_trains_as_the_one_taken_over(run):
+    """``grace.dgc(momentum=0.9)`` over an SGD without momentum (what a DDP hook's or a tape's user
+    is told to write) is the same training as SGD's 0.9 taken over: W's velocity before compression
+    and b's, which travels dense (below ``min_numel``), applied before the exchange, bit for bit."""
+    out, _ = run
+    expected = reference.simulate(reference.with_velocity(reference.largest(0.05), M, mask=True),
+                                  momentum=DENSE_MOMENTUM)
+    check(out, "dgc_given", expected)
+    given, taken = load(out, "dgc_given")[0], load(out, "dgc")[0]
+    for r in range(2):
+        np.testing.assert_array_equal(given[r]["w"], taken[r]["w"])
+        np.testing.assert_array_equal(given[r]["b"], taken[r]["b"])
+    # b stepped with the momentum: without it, it ends elsewhere.
+    plain_b = reference.simulate(reference.with_velocity(reference.largest(0.05), M, mask=True))[1]
+    assert np.abs(given[0]["b"] - plain_b).max() > 1e-3
+    assert info(out, "dgc_given")["momentum"] == info(out, "dgc_given")["momentum_after"] == 0.0
 
 
 def test_broadcast_optimizer_state_gives_every_worker_rank_0s_momentum(run):

@@ -142,16 +142,23 @@ def test_a_nonfinite_row_rolls_the_step_back_on_every_worker():
         np.testing.assert_array_equal(p.rows.residual.row_values["emb"], kept["emb"])
 
 
-def test_taken_momentum_steps_the_exchanged_rows_as_the_optimizer_would():
+@pytest.mark.parametrize("how", ["taken", "given", "unseen"])
+def test_taken_momentum_steps_the_exchanged_rows_as_the_optimizer_would(how):
     """DGC owns the momentum; a sparse gradient's rows get it after the exchange: u = m u + g over
-    the rows ever touched (the table's rows outside them stay 0)."""
+    the rows ever touched (the table's rows outside them stay 0). Taken from the optimizer, given
+    to DGC (``momentum=0.9``, the optimizer without), or DGC's own where no optimizer is seen (the
+    tape, a DDP hook) alike."""
     from grace.momentum import OptimizerMomentum
 
     rng = np.random.default_rng(6)
     group = InProcessGroup(2)
-    pipelines = [grace.dgc(min_numel=10**9) for _ in range(2)]  # the table travels as it is
+    given = {"momentum": 0.9} if how == "given" else {}
+    pipelines = [grace.dgc(min_numel=10**9, **given) for _ in range(2)]  # the table travels as it is
     for p in pipelines:
-        assert p.take_momentum(OptimizerMomentum(0.9)) is not None
+        if how == "taken":
+            assert p.take_momentum(OptimizerMomentum(0.9)) is not None
+        elif how == "given":
+            assert p.take_momentum(OptimizerMomentum(0.0)) is None  # an SGD without momentum
     velocity = np.zeros(TABLE)
     for _ in range(3):
         grads = [batch(rng) for _ in range(2)]

@@ -11,6 +11,7 @@ import os
 import numpy as np
 import pytest
 
+from grace.momentum import OptimizerMomentum
 from tests import reference
 from tests.launch import ROOT, horovodrun
 from tests.test_horovod_torch import check
@@ -145,3 +146,45 @@ def test_an_unscale_of_a_large_sparse_update_is_seen():
     update.mul_(0.9)  # clip_grad_norm_'s scaling
     assert not _same(given, _fingerprint(update))
     assert not _same(_fingerprint(update), _fingerprint(update.clone()))
+
+
+@pytest.mark.parametrize("make, found, dense", [
+    # given, over an optimizer without momentum: it stands for the optimizer's, everywhere
+    (lambda grace: grace.dgc(momentum=0.9), 0.0, 0.9),
+    (lambda grace: grace.onebit(momentum=0.5), 0.0, 0.5),
+    (lambda grace: grace.signum(beta=0.9), 0.0, 0.9),
+    # no optimizer seen (the tape, a DDP hook): DGC's own 0.9
+    (lambda grace: grace.dgc(), None, 0.9),
+    # the optimizer's, taken over; random-k takes it to turn it off on what it compresses
+    (lambda grace: grace.dgc(), 0.8, 0.8),
+    (lambda grace: grace.randomk(), 0.8, 0.8),
+    # nothing to take: the optimizer as it is; signum's own beta stays with what it compresses,
+    # over an optimizer without momentum and where none is seen alike
+    (lambda grace: grace.dgc(), 0.0, None),
+    (lambda grace: grace.signum(), 0.0, None),
+    (lambda grace: grace.signum(), None, None),
+    # Nesterov's look-ahead and dampening travel with it
+    (lambda grace: grace.dgc(momentum=0.9, nesterov=True), None, (0.9, True, 0.0)),
+    (lambda grace: grace.dgc(), OptimizerMomentum(0.8, dampening=0.1), (0.8, False, 0.1)),
+    (lambda grace: grace.topk(), 0.9, None),
+    (lambda grace: grace.dgc(keep_optimizer=True), 0.9, None),
+])
+def test_the_dense_tensors_and_sparse_rows_get_the_momentum_the_compressed_ones_do(make, found, dense):
+    """Which momentum the tensors that travel dense, and sparse gradients' rows, get before the
+    exchange (``Takeover.dense_memory``, ``row_velocity``): the one that replaces the optimizer's,
+    however it came (given, taken over, or DGC's own where no optimizer is seen), else none."""
+    import grace
+
+    pipeline = make(grace)
+    if found is not None:
+        pipeline.take_momentum(found if isinstance(found, OptimizerMomentum) else OptimizerMomentum(found))
+    takeover, rows = pipeline.takeover, pipeline.takeover.row_velocity
+    if dense is None:
+        assert not takeover.dense_momentum and takeover.dense_memory.stateless
+        assert (rows.momentum, rows.nesterov, rows.dampening) == (0.0, False, 0.0)
+    else:
+        expected = dense if isinstance(dense, tuple) else (dense, False, 0.0)
+        memory = takeover.dense_memory
+        assert takeover.dense_momentum
+        assert (memory.momentum, memory.nesterov, memory.dampening) == expected
+        assert (rows.momentum, rows.nesterov, rows.dampening) == expected

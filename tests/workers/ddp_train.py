@@ -314,6 +314,9 @@ def mismatch():
 SCENARIOS = {
     "none": lambda: linear_scenario("none", grace.none),
     "topk": lambda: linear_scenario("topk", lambda: grace.topk(0.05)),
+    # What docs/ddp.md tells a DDP user with momentum SGD: the momentum to DGC, none to SGD.
+    "dgc_given": lambda: linear_scenario(
+        "dgc_given", lambda: grace.dgc(0.05, sample_ratio=1.0, momentum=0.9), named=True),
     "topk_nosync": lambda: linear_scenario("topk_nosync", lambda: grace.topk(0.05), passes=2),
     "topk_nonfinite": lambda: linear_scenario("topk_nonfinite", lambda: grace.topk(0.05), poison=3),
     "topk_skip3": lambda: linear_scenario("topk_skip3", lambda: grace.topk(0.05), skip=(3,)),

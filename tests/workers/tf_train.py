@@ -431,6 +431,9 @@ scenarios.update({
     "keras_tape_unmended": lambda: keras_tape_unmended("keras_tape_unmended"),
     "plain_tape": lambda: plain_tape("plain_tape"),
     # Under the tape, DGC's own momentum (it sees no optimizer), said once over three traces.
+    # The momentum given to DGC and none to the optimizer: b, which travels dense, gets it too.
+    "tape_dgc_given": lambda: tape_training("tape_dgc_given",
+                                            grace.dgc(0.05, sample_ratio=1.0, momentum=0.9), True),
     "tape_dgc_said": lambda: said_while("tape_dgc_said", lambda: keras_tape(
         "tape_dgc_said.run", lambda: grace.dgc(0.05, sample_ratio=1.0))),
     "keras_signsgd_said": lambda: said_while("keras_signsgd_said", keras_signsgd_fit),

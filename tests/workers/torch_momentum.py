@@ -24,6 +24,10 @@ MOMENTUM = 0.9
 SCENARIOS = {
     # name: (compression, optimizer)
     "dgc": (lambda: grace.dgc(0.05, sample_ratio=1.0), lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
+    # The momentum given to DGC over an SGD without one: what the wrapper takes over in "dgc",
+    # given instead; b, which travels dense, gets it too.
+    "dgc_given": (lambda: grace.dgc(0.05, sample_ratio=1.0, momentum=MOMENTUM),
+                  lambda p: torch.optim.SGD(p, LR)),
     "dgc_nesterov": (lambda: grace.dgc(0.05, sample_ratio=1.0),
                      lambda p: torch.optim.SGD(p, LR, MOMENTUM, nesterov=True)),
     "topk_momentum_memory": (lambda: grace.topk(0.05, memory="momentum"),
