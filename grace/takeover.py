@@ -76,7 +76,8 @@ class Takeover:
                 # optimizer says, without.
                 if not part.keeps_default_momentum:
                     part.momentum = 0.0
-                self._dense_plain()
+                if self.dense_momentum:  # DGC's default, set where no optimizer was yet seen
+                    self._dense_plain()
             kept = part.kept_line(found, self.compressor.name)
             if kept is not None:
                 self._kept_notes.append(kept)

@@ -291,17 +291,18 @@ def main() -> None:
                              "--compressors, join them); default: every run")
     args = parser.parse_args()
     every = args.compressors == parser.get_default("compressors")
+    here = machine()
     record = {"runs": []}
     if (not every or args.steps) and os.path.exists(args.out):
         record = load(args.out)
     if args.steps and every:
-        record["runs"] = kept_runs(record, args.steps, machine())
+        record["runs"] = kept_runs(record, args.steps, here)
     runs = [r for r in plan(args.compressors.split(",")) if not args.steps or r[1] in args.steps]
     partial = args.out + ".partial"  # the record so far, after each run: an hour's work
     for framework, steps, seed, names in tqdm(runs, desc="runs", unit="run"):
         record["runs"].append({"framework": framework, "steps": steps, "seed": seed,
                                "recorded": datetime.date.today().isoformat(), "commit": _commit(),
-                               "machine": machine(), "results": run(framework, steps, seed, names)})
+                               "machine": here, "results": run(framework, steps, seed, names)})
         with open(partial, "w") as f:
             json.dump(record, f, indent=1)
     os.replace(partial, args.out)  # the record replaced only once the study is whole
