@@ -120,7 +120,7 @@ TABLES: dict[str, Table] = {
                            "one --json file of ddp_hook_time.py"),
     "bench.sides": Table(lambda p: bench_compressors.sides_markdown(_json(*p)),
                          "one --json file of bench_compressors.py --before: two checkouts"),
-    "convergence_bars": Table(lambda p: convergence_bars.markdown(_json(*p)),
+    "convergence_bars": Table(lambda p: convergence_bars.markdown(convergence_bars.as_run(_json(*p))),
                               "the record of scripts/studies/convergence_bars.py: the convergence "
                               "test's bars"),
     "simulation": Table(lambda p: simulation_records.markdown(_json(*p)),

@@ -140,25 +140,34 @@ def test_the_recorded_study_covers_every_compressor_at_every_seed_and_each_bar_f
                                     ("tf", study.STEPS, grace.available()),
                                     ("torch", study.EF_STEPS, longer_names)):
         found = study.measured(record, framework, steps)
+        changed = {*study.DEFAULT_CHANGED, "none", "fp32"}
+        # the machines that ran this length's study, not only a changed compressor again
         machines = {study.machine_of(e) for e in record["runs"]
-                    if e["framework"] == framework and e["steps"] == steps}
+                    if e["framework"] == framework and e["steps"] == steps
+                    and any(n.partition("/")[0] not in changed for n in e["results"])}
         for name in names:
+            assert name in found, (framework, steps, name)
             runs = found[name]["runs"]
-            for machine in machines:  # every seed on each machine that ran this length
+            # every seed on each machine that ran this length; a compressor whose default
+            # changed (``DEFAULT_CHANGED``) on each machine that ran it since, at least one
+            ran = {m for m, _ in runs} if name.partition("/")[0] in study.DEFAULT_CHANGED else machines
+            for machine in ran:
                 assert sorted(s for m, s in runs if m == machine) == list(study.SEEDS), (
                     framework, steps, name, machine)
     bars = study.bars(record, "torch", study.EF_STEPS)
-    longer: dict[str, list[dict]] = {}
-    for entry in record["runs"]:
-        if entry["steps"] == study.EF_STEPS:
-            longer.setdefault(study.machine_of(entry), []).append(entry["results"])
-    assert len(longer) >= 2 and all(len(runs) == len(study.SEEDS) for runs in longer.values())
+    longer = study.latest_by_seed(record, "torch", study.EF_STEPS)
+    assert len(longer) >= 2
     missed_everywhere = set(study.BROKEN)
-    for runs in longer.values():
-        for name in study.HELD_ON_THE_MEAN:
-            assert study.memory_pays(runs, name), name
-        for results in runs:
-            for name in study.BROKEN:
+    for machine, by_name in longer.items():
+        for name in study.BROKEN:
+            if name not in by_name:
+                assert name in study.DEFAULT_CHANGED, (machine, name)
+                continue
+            assert sorted(by_name[name]) == list(study.SEEDS), (machine, name)
+            if name in study.HELD_ON_THE_MEAN:
+                assert study.memory_pays(list(by_name[name].values()), name), (machine, name)
+        for name in (n for n in study.BROKEN if n in by_name):
+            for results in by_name[name].values():
                 assert name in study.HELD_ON_THE_MEAN or study.memory_pays([results], name), name
                 broken = study.broken(name)
                 if not (study.gap(results, broken) > bars[name][0]
@@ -168,10 +177,45 @@ def test_the_recorded_study_covers_every_compressor_at_every_seed_and_each_bar_f
 
 
 def test_at_the_tests_length_a_top_k_without_its_residual_is_within_top_ks_bar():
-    """Why the error-feedback compressors also run longer: at 300 steps dropping the residual costs
-    top-k 0.35 point (seed 0, PyTorch; one test image is 0.05), which its bar cannot see."""
+    """Why the error-feedback compressors also run longer: at 300 steps dropping plain error
+    feedback's residual cost top-k 0.35 point (seed 0, PyTorch, the first machine, top-k's former
+    default; one test image is 0.05), which top-k's bar cannot see."""
     record = study.load()
     found, bars = study.measured(record, "torch", study.STEPS), study.bars(record, "torch", study.STEPS)
     broken = found[study.broken("topk")]  # topk/memory=none
-    assert broken["gap"][0] - found["topk"]["gap"][0] == pytest.approx(0.35, abs=1e-3)
+    residual = found["topk/memory=residual"]  # what the runs before DEFAULT_CHANGED ran
+    assert broken["runs"][0] == residual["runs"][0] == (study.FIRST_MACHINE, 0)
+    assert broken["gap"][0] - residual["gap"][0] == pytest.approx(0.35, abs=1e-3)
     assert broken["gap"][0] <= bars["topk"][0] and broken["loss"][0] <= bars["topk"][1]
+
+
+def test_runs_before_a_default_changed_read_as_the_variant_they_ran():
+    """``DEFAULT_CHANGED``: top-k's runs recorded before its error feedback moved onto the velocity
+    are read as ``topk/memory=residual``; later ones as ``topk``; a variant the same run already
+    had is kept, and the record itself is left as written."""
+    name, (variant, since) = "topk", study.DEFAULT_CHANGED["topk"]
+    before = dict(_entry(0, _results((0.8, 0.4), topk=(0.78, 0.5))), recorded="2026-11-20")
+    later = dict(_entry(0, _results((0.8, 0.4), topk=(0.79, 0.45))), recorded=since)
+    both = dict(_entry(1, _results((0.8, 0.4), topk=(0.7, 0.6), **{f"topk/{variant}": (0.75, 0.5)})),
+                recorded="2026-11-20")
+    record = {"runs": [before, later, both]}
+    read = study.as_run(record)["runs"]
+    assert set(read[0]["results"]) == {"none", f"topk/{variant}"}
+    assert read[0]["results"][f"topk/{variant}"]["accuracy"] == 0.78
+    assert set(read[1]["results"]) == {"none", "topk"} and read[1]["results"]["topk"]["accuracy"] == 0.79
+    assert read[2]["results"][f"topk/{variant}"]["accuracy"] == 0.75 and name not in read[2]["results"]
+    assert "topk" in record["runs"][0]["results"]  # as written
+
+
+def test_the_latest_run_at_each_seed_is_read_per_machine_and_compressor():
+    """``latest_by_seed``: a later run of one compressor (``--compressors``) replaces that one's
+    results at its seed, with its own uncompressed run, and leaves the others' as they were."""
+    first = _entry(0, _results((0.80, 0.40), topk=(0.78, 0.50), fp16=(0.80, 0.40)))
+    again = _entry(0, _results((0.81, 0.40), topk=(0.79, 0.45)))
+    other = dict(_entry(0, _results((0.70, 0.50), topk=(0.60, 0.70))), machine="B")
+    found = study.latest_by_seed({"runs": [first, again, other]}, "torch", study.STEPS)
+    assert set(found) == {study.FIRST_MACHINE, "B"}
+    assert found[study.FIRST_MACHINE]["topk"][0] is again["results"]
+    assert found[study.FIRST_MACHINE]["fp16"][0] is first["results"]
+    assert study.gap(found[study.FIRST_MACHINE]["topk"][0], "topk") == pytest.approx(2.0)
+    assert found["B"]["topk"][0] is other["results"]

@@ -216,3 +216,40 @@ def test_stats_count_allgather_lengths_header():
     pipeline = grace.Pipeline(VariableTopK(0.1), ResidualMemory(), Allgather(), min_numel=0)
     results, _ = run_workers(lambda: pipeline, [np.ones(200, np.float32)])
     assert pipeline.stats()["bytes_sent"] == 20 * 8 + 8
+
+
+@pytest.mark.parametrize("found", [None, 0.0])
+def test_topk_without_a_momentum_to_take_is_plain_error_feedback_bit_for_bit(found):
+    """Top-k's default memory (``momentum``) with no momentum taken over (an optimizer without it,
+    Adam, a hook that sees none) sends and keeps exactly what plain error feedback does, step
+    after step; with SGD's 0.9 taken over it sends the velocity instead, so it differs."""
+    from grace.momentum import OptimizerMomentum
+
+    rng = np.random.default_rng(11)
+    steps = [[rng.standard_normal(3000).astype(np.float32) for _ in range(2)] for _ in range(6)]
+
+    def trained(memory, momentum):
+        group = InProcessGroup(2)
+        pipelines = [grace.topk(0.01, **({"memory": memory} if memory else {})) for _ in range(2)]
+        if momentum is not None:
+            for p in pipelines:
+                p.take_momentum(OptimizerMomentum(momentum))
+        workers = [group.worker(r) for r in range(2)]
+        out = []
+        for grads in steps:
+            pending = [p.start(g, "w", w) for p, g, w in zip(pipelines, grads, workers)]
+            out.append([p.finish(pd, w, 0.5) for p, pd, w in zip(pipelines, pending, workers)])
+        return np.array(out)
+
+    plain = trained("residual", found)
+    assert grace.topk(0.01).memory.name == "momentum"
+    np.testing.assert_array_equal(trained(None, found), plain)
+    # With 0.9 taken over: the numpy model of error feedback on the velocity (k = 30 of 3,000).
+    from tests import reference
+
+    model = reference.with_velocity(reference.largest(0.01), 0.9)
+    expected = [[0.5 * sum(model("w", r, s, grads[r]) for r in range(2))] * 2
+                for s, grads in enumerate(steps)]
+    velocity = trained(None, 0.9)
+    np.testing.assert_allclose(velocity, np.array(expected), rtol=1e-5, atol=1e-6)
+    assert np.abs(velocity - plain).max() > 1e-3

@@ -153,6 +153,19 @@ def test_keras_sgd_momentum_is_taken_over_by_dgc(tf_run):
     assert infos[0]["optimizer_momentum"] == 0.0
 
 
+def test_keras_sgd_momentum_is_taken_over_by_topk(tf_run):
+    """Top-k at its defaults under model.fit: Keras's SGD momentum moves into top-k's error
+    feedback on the velocity (no masking, unlike DGC), the optimizer steps without it, b travels
+    dense with it from the pipeline; said once on rank 0."""
+    from tests.test_momentum import DENSE_MOMENTUM, M
+
+    infos = check(tf_run, "keras_topk_momentum", reference.simulate(
+        reference.with_velocity(reference.largest(0.05), M), momentum=DENSE_MOMENTUM))
+    assert infos[0]["optimizer_momentum"] == 0.0
+    said = [line for line in infos[0]["grace_log"] if line.startswith("grace: topk applies")]
+    assert len(said) == 1 and "keep_optimizer=True" in said[0] and infos[1]["grace_log"] == []
+
+
 def test_keras_keep_optimizer_leaves_sgds_momentum_to_keras(tf_run):
     """keep_optimizer=True: Keras's SGD keeps its momentum 0.9 (applied after the exchange, on W
     and b), DGC applies none of its own, and says so; nothing is said of a takeover."""

@@ -81,10 +81,21 @@ def test_dgc_with_nesterov(run):
         momentum=DENSE_MOMENTUM, nesterov=True))
 
 
-def test_momentum_memory_compresses_the_velocity(run):
-    out, _ = run
-    check(out, "topk_momentum_memory", reference.simulate(
+def test_topk_takes_the_momentum_over_and_compresses_the_velocity(run):
+    """Top-k at its defaults (the ``momentum`` memory): SGD's momentum applied before the top-k,
+    error feedback on the velocity, the optimizer stepping without it; b, which travels dense,
+    gets the momentum from the pipeline. Said once on rank 0, with the opt-out."""
+    out, log = run
+    check(out, "topk", reference.simulate(
         reference.with_velocity(reference.largest(0.05), M), momentum=DENSE_MOMENTUM))
+    # Read as the user set it, before and after its steps (it steps with its momentum set aside).
+    assert info(out, "topk")["momentum"] == info(out, "topk")["momentum_after"] == M
+    assert "MomentumMemory(momentum=0.9," in info(out, "topk")["config_after"]
+    # The two models are apart: the velocity's error feedback is not the residual's.
+    assert np.abs(load(out, "topk")[0][0]["w"] - load(out, "topk_residual")[0][0]["w"]).max() > 1e-3
+    lines = [line for line in log.splitlines() if "grace: topk applies torch.optim.SGD" in line]
+    assert len(lines) == 1 and lines[0].startswith("[0]")
+    assert "grace.topk(keep_optimizer=True) leaves it to the optimizer" in lines[0]
 
 
 def test_randomk_turns_momentum_off_for_its_delayed_updates_only(run):
@@ -95,11 +106,14 @@ def test_randomk_turns_momentum_off_for_its_delayed_updates_only(run):
     assert "grace: randomk turns torch.optim.SGD's momentum (0.9) off" in log
 
 
-def test_a_compressor_that_does_not_own_momentum_leaves_the_optimizer_alone(run):
+@pytest.mark.parametrize("scenario", ["topk_residual", "topk_keep_optimizer"])
+def test_plain_error_feedback_or_keep_optimizer_leaves_the_optimizer_alone(run, scenario):
+    """``memory="residual"`` owns no momentum, and ``keep_optimizer=True`` takes none: the
+    optimizer applies its momentum after the exchange, to W's top-k and to b alike."""
     out, _ = run
-    check(out, "topk_keeps_momentum", reference.simulate(reference.topk_with_residual(0.05),
-                                                         momentum={"w": M, "b": M}))
-    assert info(out, "topk_keeps_momentum")["momentum"] == M
+    check(out, scenario, reference.simulate(reference.topk_with_residual(0.05),
+                                            momentum={"w": M, "b": M}))
+    assert info(out, scenario)["momentum"] == info(out, scenario)["momentum_after"] == M
 
 
 def test_warmup_sends_dense_with_the_momentum_then_compresses_from_the_same_velocity(run):

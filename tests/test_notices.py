@@ -17,7 +17,7 @@ from grace.momentum import OptimizerMomentum
 
 SGD_09 = OptimizerMomentum(0.9, source="torch.optim.SGD's momentum")
 SGD_0 = OptimizerMomentum(0.0, source="torch.optim.SGD's momentum")
-MOMENTUM_OWNERS = ("dgc", "signum", "onebit", "twobit", "efsignsgd", "adaq", "randomk")
+MOMENTUM_OWNERS = ("dgc", "signum", "onebit", "twobit", "efsignsgd", "adaq", "randomk", "topk")
 
 
 def departures(pipeline, *args, **kwargs) -> list[str]:
@@ -59,16 +59,20 @@ def test_twobit_named_through_the_owners_says_it_is_measured_short_there():
 
 
 def test_nothing_to_say_for_a_compressor_that_changes_nothing():
-    for name in ("none", "fp16", "topk", "qsgd", "powersgd"):
+    for name in ("none", "fp16", "threshold", "qsgd", "powersgd"):
         assert departures(grace.build(name), 2) == []
         assert departures(grace.build(name), 2, optimizer_seen=False) == []
+    plain = grace.topk(memory="residual")  # plain error feedback owns no momentum
+    assert departures(plain, 2) == departures(plain, 2, optimizer_seen=False) == []
+    assert grace.topk(memory="residual").take_momentum(SGD_09) is None
 
 
 @pytest.mark.parametrize("name", MOMENTUM_OWNERS)
 def test_under_the_tape_every_momentum_owner_says_what_it_applies_or_needs(name):
     """DistributedGradientTape sees no optimizer: DGC and signum apply their default momentum
-    themselves (an optimizer's would apply twice), 1-bit, EF-signSGD and AdaQ need it given, and
-    random-k needs the optimizer to have none. Said once; nothing where the user gave it."""
+    themselves (an optimizer's would apply twice), 1-bit, two-bit, EF-signSGD, AdaQ and top-k
+    need it given, and random-k needs the optimizer to have none. Said once; nothing where the
+    user gave it."""
     lines = [line for line in departures(grace.build(name), 2, optimizer_seen=False)
              if "DistributedGradientTape" in line]
     assert len(lines) == 1

@@ -166,7 +166,11 @@ def test_an_unscale_of_a_large_sparse_update_is_seen():
     # Nesterov's look-ahead and dampening travel with it
     (lambda grace: grace.dgc(momentum=0.9, nesterov=True), None, (0.9, True, 0.0)),
     (lambda grace: grace.dgc(), OptimizerMomentum(0.8, dampening=0.1), (0.8, False, 0.1)),
-    (lambda grace: grace.topk(), 0.9, None),
+    (lambda grace: grace.topk(), 0.9, (0.9, False, 0.0)),
+    (lambda grace: grace.topk(), 0.0, None),
+    (lambda grace: grace.topk(), None, None),  # no optimizer seen: nothing given, none applied
+    (lambda grace: grace.topk(memory="residual"), 0.9, None),
+    (lambda grace: grace.topk(keep_optimizer=True), 0.9, None),
     (lambda grace: grace.dgc(keep_optimizer=True), 0.9, None),
 ])
 def test_the_dense_tensors_and_sparse_rows_get_the_momentum_the_compressed_ones_do(make, found, dense):

@@ -139,13 +139,16 @@ def test_momentum_goes_to_the_compressor_as_horovods_wrapper_would_take_it_over(
     assert to('{"compressor": "onebit"}') == ('{"compressor": "onebit", "momentum": 0.9}', 0.0)
     assert to('{"compressor": "dgc", "momentum": 0.5}') == ('{"compressor": "dgc", "momentum": 0.5}', 0.0)
     assert to('{"compressor": "randomk"}') == ('{"compressor": "randomk"}', 0.0)
-    for unchanged in ('{"compressor": "topk"}', '{"compressor": "signsgd"}', "fp32", "torch-fp16"):
+    assert to('{"compressor": "topk"}') == ('{"compressor": "topk", "momentum": 0.9}', 0.0)
+    assert to('{"compressor": "topk", "memory": "residual"}') == (
+        '{"compressor": "topk", "memory": "residual"}', None)
+    for unchanged in ('{"compressor": "threshold"}', '{"compressor": "signsgd"}', "fp32", "torch-fp16"):
         assert to(unchanged) == (unchanged, None)
     # With Adam, the compressors that take beta_1 over are given it, and Adam has none.
     adam = quality.momentum_to_compressor
     assert adam('{"compressor": "dgc"}', "adam") == ('{"compressor": "dgc", "momentum": 0.9}', 0.0)
     assert adam('{"compressor": "signum"}', "adam") == ('{"compressor": "signum", "beta": 0.9}', 0.0)
-    for unchanged in ('{"compressor": "onebit"}', '{"compressor": "randomk"}'):
+    for unchanged in ('{"compressor": "onebit"}', '{"compressor": "randomk"}', '{"compressor": "topk"}'):
         assert adam(unchanged, "adam") == (unchanged, None)
 
 

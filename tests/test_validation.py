@@ -41,7 +41,7 @@ def test_topk_through_allreduce_is_refused():
 
 
 def test_from_params_builds_the_same_pipeline():
-    p = grace.from_params({"compressor": "topk", "ratio": 0.01, "memory": "residual",
+    p = grace.from_params({"compressor": "topk", "ratio": 0.01, "memory": "momentum",
                            "communicator": "auto"})
     assert repr(p) == repr(grace.topk(0.01))
     assert repr(grace.from_params({"compressor": "randomk", "seed": 4})) == repr(grace.randomk(seed=4))
@@ -96,9 +96,10 @@ def test_catalogue_parameters_are_checked_at_construction(build, message):
 
 def test_memory_parameters_belong_to_their_memory():
     assert grace.dgc(0.01, momentum=0.5).memory.momentum == 0.5
+    assert grace.topk(0.01, momentum=0.5).memory.momentum == 0.5
     with pytest.raises(ValueError, match=r"unknown parameter 'momentum' for compressor 'topk' with "
                                          r"memory 'residual'"):
-        grace.topk(0.01, momentum=0.5)
+        grace.topk(0.01, memory="residual", momentum=0.5)
     p = grace.from_params({"compressor": "dgc", "ratio": 0.01, "momentum": 0.8, "clip_norm": 2.0})
     assert (p.memory.momentum, p.memory.clip_norm, p.compressor.ratio) == (0.8, 2.0, 0.01)
 

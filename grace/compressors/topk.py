@@ -31,22 +31,20 @@ def kept(ratio: float, numel: int, floor: int | None = None) -> int:
 class TopK(Sparse, Compressor):
     """Top-k sparsification: each worker sends the ``k = max(16, int(ratio * numel))`` entries of
     largest magnitude (``kept``) as (values, int32 indices) and drops the rest, which error
-    feedback (the ``residual`` memory) adds back into later steps. Workers pick different indices,
-    so payloads are gathered, not summed, and the receivers add them up; through the shards'
-    owners an owner keeps the top ``owner_ratio`` of its shard's sum (``OWNERS_KEEP * ratio`` by
-    default). Aji & Heafield, "Sparse Communication for Distributed Gradient Descent", EMNLP 2017;
-    Stich et al., "Sparsified SGD with Memory", NeurIPS 2018."""
+    feedback adds back into later steps. The error feedback is on the velocity, as DGC's momentum
+    correction and 1-bit SGD's: the wrapped optimizer's momentum is taken over (the ``momentum``
+    memory) and what is sparsified is the residual plus the velocity, since the optimizer's
+    momentum acting after the exchange on entries the residual sends late cost up to 2.4 points on
+    mnist (docs/quality.md, "Top-k's momentum"); with an optimizer without momentum this is plain
+    error feedback, and ``memory="residual"`` or ``keep_optimizer=True`` leaves the momentum to the
+    optimizer. Workers pick different indices, so payloads are gathered, not summed, and the
+    receivers add them up; through the shards' owners an owner keeps the top ``owner_ratio`` of its
+    shard's sum (``OWNERS_KEEP * ratio`` by default). Aji & Heafield, "Sparse Communication for
+    Distributed Gradient Descent", EMNLP 2017; Stich et al., "Sparsified SGD with Memory", NeurIPS
+    2018; Lin et al., "Deep Gradient Compression", ICLR 2018 (momentum correction)."""
 
     name = "topk"
-    shortfalls = {
-        "mnist-sgd": "1.0 points below in TensorFlow (the mean of three seeds: 0.70, 2.36, 0.05; "
-                     "PyTorch's mean 0.86, within): the likely cause, not "
-                     "yet isolated, is the optimizer's momentum applied after the exchange to "
-                     "entries the residual sends late (1-bit's failure before it took the "
-                     "momentum over); dgc, top-k with the momentum applied before compression, "
-                     "ended 0.23 above fp32 there at seed 0",
-    }
-    default_memory = "residual"
+    default_memory = "momentum"  # error feedback on the velocity, the optimizer's momentum taken over
     default_communicator = "allgather"
     owner_ratio: float | None = None
 

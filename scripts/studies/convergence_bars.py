@@ -36,7 +36,8 @@ STEPS = 300
 """The test's length for every compressor, in both frameworks (tests/test_convergence.py)."""
 EF_STEPS = 1500
 """The length at which error feedback has paid off on this MLP: dropping top-k's residual costs
-2.55 points there (seed 0, the first machine), against 0.35 at ``STEPS``."""
+2.55 points there (seed 0, the first machine, plain error feedback, top-k's default then),
+against 0.35 at ``STEPS``."""
 ERROR_FEEDBACK = ("topk", "randomk", "threshold", "dgc", "onebit", "efsignsgd", "powersgd")
 """The compressors whose memory is error feedback that pays at ``EF_STEPS``: without it each ends
 lower in test accuracy and higher in loss (by ``MEMORY_PAYS`` at least) than with it, at every seed
@@ -85,14 +86,35 @@ whose seeds disagree most, would be 16.1 and 13.95)."""
 FIRST_MACHINE = "the first machine"
 """The machine of the runs that do not say theirs (``machine``): the study's first, whose processor
 was not recorded."""
+DEFAULT_CHANGED = {"topk": ("memory=residual", "2026-11-30")}
+"""Compressors whose default changed after runs of the record: (what their runs recorded before the
+date ran, that date). Such runs are read as the variant they ran (``load``), so that a bar holds
+the default of today: top-k's error feedback moved onto the velocity (the optimizer's momentum
+taken over, docs/quality.md "Top-k's momentum"); the record keeps what each run wrote."""
 RECORD = os.path.join(ROOT, "data", "quality", "convergence-bars.json")
 WORKER = os.path.join(ROOT, "tests", "workers", "convergence.py")
 
 
 def load(path: str = RECORD) -> dict:
-    """The recorded study (``RECORD``)."""
+    """The recorded study (``RECORD``), each run's results named by what ran
+    (``DEFAULT_CHANGED``)."""
     with open(path) as f:
-        return json.load(f)
+        return as_run(json.load(f))
+
+
+def as_run(record: dict) -> dict:
+    """``record`` with the results of a compressor whose default changed, in runs recorded before
+    the change, named by the variant they ran (``DEFAULT_CHANGED``: ``topk`` -> ``topk/memory=
+    residual``); a variant of the same name already there is the same run's and stays."""
+    runs = []
+    for entry in record["runs"]:
+        results = dict(entry["results"])
+        for name, (variant, since) in DEFAULT_CHANGED.items():
+            if name in results and entry.get("recorded", "") < since:
+                results.setdefault(f"{name}/{variant}", results[name])
+                del results[name]
+        runs.append({**entry, "results": results})
+    return {**record, "runs": runs}
 
 
 def broken(name: str) -> str:
@@ -161,6 +183,19 @@ def measured(record: dict, framework: str, steps: int) -> dict[str, dict[str, li
         runs = sorted(values, key=lambda run: (machines.index(run[0]), run[1]))
         found[name] = {"gap": [values[r][0] for r in runs], "loss": [values[r][1] for r in runs],
                        "runs": runs}
+    return found
+
+
+def latest_by_seed(record: dict, framework: str, steps: int) -> dict[str, dict[str, dict[int, dict]]]:
+    """Per machine, per compressor, per seed: the results of the latest run of that length at that
+    seed that ran the compressor (each with its own uncompressed run and broken variant, as
+    ``measured`` reads them)."""
+    found: dict[str, dict[str, dict[int, dict]]] = {}
+    for entry in record["runs"]:
+        if entry["framework"] == framework and entry["steps"] == steps:
+            by_name = found.setdefault(machine_of(entry), {})
+            for name in entry["results"]:
+                by_name.setdefault(name, {})[entry["seed"]] = entry["results"]
     return found
 
 
@@ -294,7 +329,8 @@ def main() -> None:
     here = machine()
     record = {"runs": []}
     if (not every or args.steps) and os.path.exists(args.out):
-        record = load(args.out)
+        with open(args.out) as f:
+            record = json.load(f)  # as written: ``load`` renames for reading only
     if args.steps and every:
         record["runs"] = kept_runs(record, args.steps, here)
     runs = [r for r in plan(args.compressors.split(",")) if not args.steps or r[1] in args.steps]
@@ -306,7 +342,7 @@ def main() -> None:
         with open(partial, "w") as f:
             json.dump(record, f, indent=1)
     os.replace(partial, args.out)  # the record replaced only once the study is whole
-    print(markdown(record))
+    print(markdown(as_run(record)))
 
 
 if __name__ == "__main__":

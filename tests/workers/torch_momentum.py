@@ -30,10 +30,12 @@ SCENARIOS = {
                   lambda p: torch.optim.SGD(p, LR)),
     "dgc_nesterov": (lambda: grace.dgc(0.05, sample_ratio=1.0),
                      lambda p: torch.optim.SGD(p, LR, MOMENTUM, nesterov=True)),
-    "topk_momentum_memory": (lambda: grace.topk(0.05, memory="momentum"),
-                             lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
+    # Top-k at its defaults: error feedback on the velocity, SGD's momentum taken over.
+    "topk": (lambda: grace.topk(0.05), lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
     "randomk": (lambda: grace.randomk(0.05, seed=3, min_kept=1), lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
-    "topk_keeps_momentum": (lambda: grace.topk(0.05), lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
+    # Plain error feedback owns no momentum: the optimizer keeps its own, after the exchange.
+    "topk_residual": (lambda: grace.topk(0.05, memory="residual"),
+                      lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
     "dgc_warmup": (lambda: grace.dgc(0.05, sample_ratio=1.0, warmup_steps=4),
                    lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
     "signum_adam": (lambda: grace.signum(), lambda p: torch.optim.Adam(p, 0.01)),
@@ -54,6 +56,8 @@ SCENARIOS = {
     # keep_optimizer=True: the optimizer's momentum stays the optimizer's, on every tensor.
     "dgc_keep_optimizer": (lambda: grace.dgc(0.05, sample_ratio=1.0, keep_optimizer=True),
                            lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
+    "topk_keep_optimizer": (lambda: grace.topk(0.05, keep_optimizer=True),
+                            lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
     "randomk_keep_optimizer": (lambda: grace.randomk(0.05, seed=3, min_kept=1, keep_optimizer=True),
                                lambda p: torch.optim.SGD(p, LR, MOMENTUM)),
     # What is said at construction or at the first step: a sign method's rate far above what it
