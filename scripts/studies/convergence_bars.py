@@ -81,8 +81,8 @@ MIN_LOSS_MARGIN = 0.1
 """The same for the ratio of the final training loss to the uncompressed run's."""
 MAX_GAP = 12.0
 """The most points below the uncompressed run any bar allows: the test's former bar, one for every
-compressor, which a measured bar never loosens (two-bit's in PyTorch and top-k's in TensorFlow,
-whose seeds disagree most, would be 16.1 and 13.95)."""
+compressor, which a measured bar never loosens (two-bit's in PyTorch, whose seeds disagree most,
+would be 16.1; top-k's in TensorFlow was 13.95 with plain error feedback)."""
 FIRST_MACHINE = "the first machine"
 """The machine of the runs that do not say theirs (``machine``): the study's first, whose processor
 was not recorded."""
