@@ -164,38 +164,32 @@ def machine_of(entry: dict) -> str:
     return entry.get("machine") or FIRST_MACHINE
 
 
-def measured(record: dict, framework: str, steps: int) -> dict[str, dict[str, list]]:
-    """Per compressor: its gaps and loss ratios at each seed of the record, on each machine that
-    ran it (``runs``: (machine, seed) of each value; machines in the order the record first has
-    them, seeds in order); where a compressor ran twice at a seed on one machine (a later
-    ``--compressors`` run), the later run's."""
-    by_run: dict[str, dict[tuple[str, int], tuple[float, float]]] = {}
-    machines: list[str] = []
-    for entry in record["runs"]:
-        if entry["framework"] == framework and entry["steps"] == steps:
-            if machine_of(entry) not in machines:
-                machines.append(machine_of(entry))
-            for name in entry["results"]:
-                by_run.setdefault(name, {})[(machine_of(entry), entry["seed"])] = (
-                    gap(entry["results"], name), loss_ratio(entry["results"], name))
-    found = {}
-    for name, values in by_run.items():
-        runs = sorted(values, key=lambda run: (machines.index(run[0]), run[1]))
-        found[name] = {"gap": [values[r][0] for r in runs], "loss": [values[r][1] for r in runs],
-                       "runs": runs}
-    return found
-
-
 def latest_by_seed(record: dict, framework: str, steps: int) -> dict[str, dict[str, dict[int, dict]]]:
-    """Per machine, per compressor, per seed: the results of the latest run of that length at that
-    seed that ran the compressor (each with its own uncompressed run and broken variant, as
-    ``measured`` reads them)."""
+    """Per machine (in the order the record first has them), per compressor, per seed: the results
+    of the latest run of that length at that seed that ran the compressor (a later
+    ``--compressors`` run replaces an earlier one there), each with its own uncompressed run and
+    broken variant."""
     found: dict[str, dict[str, dict[int, dict]]] = {}
     for entry in record["runs"]:
         if entry["framework"] == framework and entry["steps"] == steps:
             by_name = found.setdefault(machine_of(entry), {})
             for name in entry["results"]:
                 by_name.setdefault(name, {})[entry["seed"]] = entry["results"]
+    return found
+
+
+def measured(record: dict, framework: str, steps: int) -> dict[str, dict[str, list]]:
+    """Per compressor: its gaps and loss ratios at each seed of the record, on each machine that
+    ran it (``runs``: (machine, seed) of each value; machines in the order the record first has
+    them, seeds in order), each from the latest run there (``latest_by_seed``)."""
+    found: dict[str, dict[str, list]] = {}
+    for machine, by_name in latest_by_seed(record, framework, steps).items():
+        for name, by_seed in by_name.items():
+            row = found.setdefault(name, {"gap": [], "loss": [], "runs": []})
+            for seed in sorted(by_seed):
+                row["gap"].append(gap(by_seed[seed], name))
+                row["loss"].append(loss_ratio(by_seed[seed], name))
+                row["runs"].append((machine, seed))
     return found
 
 
