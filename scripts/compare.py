@@ -74,7 +74,7 @@ def is_named(compression: str) -> bool:
 
 def parse_compression(text: str) -> str:
     """``fp32``, ``hvd-fp16``, one of PyTorch's DDP hooks (``torch_hooks.HOOKS``: ``torch-fp16``,
-    ``torch-powersgd-r1``, ...), or ``name:key=value,...`` (values parsed as JSON, else strings) to
+    ``torch-powersgd-r1``, ...), or ``name:key=value;...`` (values parsed as JSON, else strings) to
     the worker's ``--compression`` argument; bad names and parameters fail here, before any run."""
     if text in torch_hooks.NOT_ON_GLOO:  # these runs are on CPUs, over Gloo
         raise ValueError(f"{text} does not run on Gloo: {torch_hooks.NOT_ON_GLOO[text]}")
