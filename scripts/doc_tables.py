@@ -34,7 +34,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scripts import compare, quality
+from scripts import compare, end_to_end_targets, quality
 from scripts import time_to_accuracy as tta
 from scripts.studies import convergence_bars, simulation_records
 from scripts.tools import bench_compressors, bench_ddp_hooks, ddp_hook_time
@@ -101,6 +101,9 @@ TABLES: dict[str, Table] = {
                           "several compare.py results.json files of one matrix: each run's "
                           "ratios to its own fp32, side by side"),
     "compare.matrix": Table(_matrix, "compare.py's results.json: every column of every set-up"),
+    "end_to_end.targets": Table(lambda p: end_to_end_targets.markdown([_json(f) for f in p]),
+                                "compare.py --alone results.json files, earliest first: the "
+                                "end-to-end targets, each judged on the latest row"),
     "quality.main": Table(lambda p: quality.markdown(_quality_rows(p)),
                           "quality.py's run files: final metric and gap to fp32, seed 0"),
     "quality.seeds": Table(lambda p: quality.seeds_markdown(_quality_rows(p)),
