@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from scripts import compare, end_to_end_targets, quality
 from scripts import time_to_accuracy as tta
 from scripts.studies import convergence_bars, simulation_records
-from scripts.tools import bench_compressors, bench_ddp_hooks, ddp_hook_time
+from scripts.tools import bench_compressors, bench_ddp_hooks, cost_model, ddp_hook_time
 
 ROOT = compare.ROOT
 RUNS = "data"  # the recorded runs, one folder per study, with what the tools made of them
@@ -64,6 +64,11 @@ def _safety(paths: list[str]) -> str:
     import grace
 
     return quality.safety_markdown(_quality_rows(paths), grace.available())
+
+
+def _validated(paths: list[str]) -> list[dict]:
+    """The cost model set against the runs (``cost_model --validate``), with make bench's codecs."""
+    return cost_model.validate(paths, cost_model.codecs())
 
 
 def _compare_rows(paths: list[str]) -> list[dict]:
@@ -101,6 +106,12 @@ TABLES: dict[str, Table] = {
                           "several compare.py results.json files of one matrix: each run's "
                           "ratios to its own fp32, side by side"),
     "compare.matrix": Table(_matrix, "compare.py's results.json: every column of every set-up"),
+    "cost_model.link": Table(lambda p: cost_model.link_and_step_table(_validated(p)),
+                             "compare.py results.json files of the exchange workload: each timed "
+                             "run against the cost model (make bench's codecs), bytes and step"),
+    "cost_model.host": Table(lambda p: cost_model.host_error_table(_validated(p)),
+                             "compare.py results.json files of the exchange workload, timed and "
+                             "unshaped: the model's step error with the host's share, run by run"),
     "end_to_end.targets": Table(lambda p: end_to_end_targets.markdown([_json(f) for f in p]),
                                 "compare.py --alone results.json files, earliest first: the "
                                 "end-to-end targets, each judged on the latest row"),

@@ -53,7 +53,8 @@ def test_a_later_files_row_replaces_an_earlier_ones():
 def test_of_alone_met_missed_and_missed_in_part():
     runs = [alone("torch", 50.0), alone("tf", 50.0),
             run("torch", TOPK, "1gbit", 90.0), run("tf", TOPK, "1gbit", 89.0),  # 0.90, 0.89
-            run("torch", grace_spec("dgc"), "1gbit", 95.0), run("tf", grace_spec("dgc"), "1gbit", 100.0)]  # 0.95, 1.00
+            run("torch", grace_spec("dgc"), "1gbit", 95.0),  # 0.95
+            run("tf", grace_spec("dgc"), "1gbit", 100.0)]  # 1.00
     target = OfAlone("1gbit", ("topk(ratio=0.01)", "dgc"), 0.90)
     measured, judged = target.judge(*rows_of([runs]))
     assert measured == "PyTorch 0.90, 0.95; TensorFlow 0.89, 1.00"

@@ -251,7 +251,8 @@ def validate(paths: list[str], codec_map: dict[str, Codec]) -> list[dict]:
         n = run["workers"]
         predicted = _predicted_exchange(run, name, kind, codec_map, RATES[run["rate"] if timed else "1gbit"])
         measured_exchange = run["step_s"] - run["compute_s"] - run["compression_s"]
-        row = {"source": os.path.relpath(path, ROOT), "compressor": name, "communicator": kind,
+        row = {"source": os.path.relpath(path, ROOT), "framework": run.get("framework"),
+               "compressor": name, "communicator": kind,
                "rate": run["rate"], "workers": n, "measured_step_ms": 1e3 * run["step_s"]}
         if kind == "alltoall":
             row["owner_share"] = run.get("owner_share", 1.0)
@@ -287,6 +288,57 @@ def validation_table(rows: list[dict]) -> str:
                 f"{100 * r['step_error_with_host']:+.0f}%" if "step_error_with_host" in r else "– | –")
         lines.append(f"| {r['source']} | {r['compressor']} | {r['communicator']} | {r['rate']} | "
                      f"{r['workers']} | {r['measured_step_ms']:.0f} | {timed} | {host} | {link} |")
+    return "\n".join(lines)
+
+
+FRAMEWORKS = {"torch": "PyTorch", "tf": "TensorFlow"}
+ROUTES = {"allreduce": "", "allgather": " gathered", "alltoall": " through the owners"}
+
+
+def _route_label(row: dict, routes: bool = True) -> str:
+    return row["compressor"] + (ROUTES[row["communicator"]] if routes else "")
+
+
+def link_and_step_table(rows: list[dict]) -> str:
+    """The timed runs of ``validate`` (a link rate the model knows), one line each: bytes on the
+    link and step time, measured → predicted from the link alone (error)."""
+    lines = ["| run | bytes on the link: measured → predicted | step: measured → predicted |",
+             "|---|---|---|"]
+    for r in rows:
+        if "step_error" not in r:
+            continue
+        link = (f"{r['measured_link_bytes'] / 1e6:.2f} → {r['predicted_link_bytes'] / 1e6:.2f} MB "
+                f"({100 * r['bytes_error']:+.1f}%)") if "bytes_error" in r else "–"
+        step_ms = (f"{r['measured_step_ms']:.0f} → {r['predicted_step_ms']:.0f} ms "
+                   f"({100 * r['step_error']:+.0f}%)")
+        who = f"{FRAMEWORKS.get(r['framework'], r['framework'])} {_route_label(r, routes=False)}"
+        lines.append(f"| {who}, {r['workers']} workers at {r['rate']} | {link} | {step_ms} |")
+    return "\n".join(lines)
+
+
+def host_error_table(rows: list[dict]) -> str:
+    """The step's error with the host's share added (``predicted_with_host_ms``), a line per
+    compressor and route, a column per number of workers, the run files side by side in the
+    order given (run 1 / run 2 ...), and how many are within 25%."""
+    timed = [r for r in rows if "step_error_with_host" in r]
+    sources = list(dict.fromkeys(r["source"] for r in timed))
+    workers = sorted({r["workers"] for r in timed})
+    runs = " / ".join(f"run {i + 1}" for i in range(len(sources)))
+    lines = ["| + host overhead, error of the prediction | "
+             + " | ".join(f"{n} workers: {runs}" for n in workers) + " |",
+             "|---|" + "---:|" * len(workers)]
+    for setup in dict.fromkeys((r["compressor"], r["communicator"]) for r in timed):
+        cells = []
+        for n in workers:
+            found = {r["source"]: r["step_error_with_host"] for r in timed
+                     if (r["compressor"], r["communicator"], r["workers"]) == (*setup, n)}
+            cells.append(" / ".join(f"{100 * found[s]:+.0f}%" if s in found else "–" for s in sources))
+        label = _route_label({"compressor": setup[0], "communicator": setup[1]})
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    within = [abs(r["step_error_with_host"]) <= 0.25 for r in timed]
+    lines.append("| within 25% | " + " | ".join(
+        f"{sum(ok for ok, r in zip(within, timed) if r['workers'] == n)} of "
+        f"{sum(r['workers'] == n for r in timed)}" for n in workers) + " |")
     return "\n".join(lines)
 
 
