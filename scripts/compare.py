@@ -690,6 +690,36 @@ def runs_markdown(runs_by_file: Sequence[tuple[str, list[dict]]]) -> str:
     return "\n".join(lines).lstrip("\n") + ("\n" if lines else "")
 
 
+def by_rate_markdown(rows: list[dict], workload: str) -> str:
+    """One workload's set-ups against the link rate (the rows of ``medians``): a row per
+    compression and worker count, a column per rate with each framework's figure side by side
+    (samples/s, or the step's milliseconds for the exchange workload, which has no samples), and
+    the bytes on one worker's link per step at the first rate."""
+    runs = [r for r in rows if r["workload"] == workload and r["rate"] != ALONE and r["status"] == "ok"]
+    rates = sorted(dict.fromkeys(r["rate"] for r in runs), key=rate_order)
+    frameworks = list(dict.fromkeys(r["framework"] for r in runs))
+    exchange = METRIC[workload][0] is None
+    measure = "step ms" if exchange else "samples/s"
+    fws = " / ".join(FRAMEWORK_NAMES.get(fw, fw) for fw in frameworks)
+    lines = [f"{workload}: {measure} ({fws}) by link rate, and KiB on one worker's link per step "
+             f"at {rates[0]}.", "",
+             "| compression | workers | " + " | ".join(rates) + " | link KiB/step |",
+             "|---|---:|" + "---:|" * (len(rates) + 1)]
+    found = {(r["compression"], r["workers"], r["rate"], r["framework"]): r for r in runs}
+
+    def cell(comp: str, n: int, rate: str, key) -> str:
+        figures = [found.get((comp, n, rate, fw)) for fw in frameworks]
+        return " / ".join("–" if r is None else key(r) for r in figures)
+
+    for comp, n in dict.fromkeys((r["compression"], r["workers"]) for r in runs):
+        cells = [cell(comp, n, rate, lambda r: f"{r['step_s'] * 1e3:.0f}" if exchange
+                      else f"{r['samples_per_s']:.0f}") for rate in rates]
+        link = cell(comp, n, rates[0], lambda r: f"{r['wire_bytes_per_step'] / 1024:,.0f}"
+                    if r.get("wire_bytes_per_step") else "–")
+        lines.append(f"| {label(comp)} | {n} | " + " | ".join(cells) + f" | {link} |")
+    return "\n".join(lines) + "\n"
+
+
 def summary_markdown(rows: list[dict]) -> str:
     """What the docs show of a run (the rows of ``medians``): the end-to-end table where one
     worker alone ran, the step-time table elsewhere."""

@@ -106,6 +106,10 @@ TABLES: dict[str, Table] = {
                           "several compare.py results.json files of one matrix: each run's "
                           "ratios to its own fp32, side by side"),
     "compare.matrix": Table(_matrix, "compare.py's results.json: every column of every set-up"),
+    **{f"compare.by_rate.{workload}": Table(
+        lambda p, workload=workload: compare.by_rate_markdown(_compare_rows(p), workload),
+        f"compare.py's results.json: the {workload} workload's set-ups against the link rate")
+       for workload in ("mnist", "exchange")},
     "cost_model.link": Table(lambda p: cost_model.link_and_step_table(_validated(p)),
                              "compare.py results.json files of the exchange workload: each timed "
                              "run against the cost model (make bench's codecs), bytes and step"),

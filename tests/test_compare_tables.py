@@ -88,3 +88,23 @@ def test_a_run_without_fp32_leaves_its_ratios_blank_and_two_results_json_are_tol
     assert "| compression | PyTorch, a/results | PyTorch, b/results |" in table
     assert "| fp32 step | 1000 ms |  |" in table
     assert "| topk | 2.00× |  |" in table  # no fp32 in run b: no ratio to print
+
+
+def test_by_rate_a_row_per_set_up_a_column_per_rate_the_frameworks_side_by_side():
+    """``compare.by_rate.*``: the exchange's step in ms per rate, PyTorch / TensorFlow, rates in
+    order of speed, a set-up a framework did not run shown as such, failed runs left out, the link's
+    KiB at the slowest rate; mnist by samples/s."""
+    rows = [run("fp32", 2, 0.5, 2048 * 1024, rate="unshaped"), run("fp32", 2, 1.0, 2048 * 1024, rate="1gbit"),
+            run("fp32", 2, 1.2, 2049 * 1024, rate="1gbit", framework="tf"),
+            run("fp32", 2, 0.6, 2048 * 1024, rate="unshaped", framework="tf"),
+            run(TOPK, 4, 0.25, 40 * 1024, rate="1gbit"), run(TOPK, 4, 0.2, rate="unshaped"),
+            run(TOPK, 4, 9.0, rate="unshaped", framework="tf", status="failed")]
+    assert compare.by_rate_markdown(compare.medians(rows), "exchange").splitlines() == [
+        "exchange: step ms (PyTorch / TensorFlow) by link rate, and KiB on one worker's link per "
+        "step at 1gbit.", "",
+        "| compression | workers | 1gbit | unshaped | link KiB/step |",
+        "|---|---:|---:|---:|---:|",
+        "| fp32 | 2 | 1000 / 1200 | 500 / 600 | 2,048 / 2,049 |",
+        "| topk | 4 | 250 / – | 200 / – | 40 / – |"]
+    mnist = [{**r, "workload": "mnist", "epochs": []} for r in rows[:2]]
+    assert "| fp32 | 2 | 32 | 64 | 2,048 |" in compare.by_rate_markdown(compare.medians(mnist), "mnist")
