@@ -136,6 +136,8 @@ TABLES: dict[str, Table] = {
                        "one --json file of bench_ddp_hooks.py"),
     "ddp_hook_time": Table(lambda p: ddp_hook_time.markdown(_json(*p)),
                            "one --json file of ddp_hook_time.py"),
+    "bench.resnet50": Table(lambda p: bench_compressors.case_markdown(_json(*p)["catalogue"], "resnet50"),
+                            "make bench's --json file: PyTorch's ResNet-50 case against a copy"),
     "bench.sides": Table(lambda p: bench_compressors.sides_markdown(_json(*p)),
                          "one --json file of bench_compressors.py --before: two checkouts"),
     "convergence_bars": Table(lambda p: convergence_bars.markdown(convergence_bars.as_run(_json(*p))),

@@ -169,3 +169,19 @@ def test_a_side_through_another_checkout_imports_that_checkouts_grace(tmp_path):
                         "--frameworks", "torch", "--model", "none", "--numel", "5000",
                         "--repeats", "1", "--warmup", "1")
     assert [(r["compressor"], r["payload_bytes"]) for r in rows] == [("topk", 50 * 8)]
+
+
+def test_one_case_cheapest_first_with_its_misses_marked():
+    """``case_markdown`` (performance.md's ResNet-50 table): one case and framework only, sorted by
+    (c + d) / copy, ✗ where that exceeds the compressor's target, errors left out."""
+    from scripts.tools.bench_compressors import case_markdown
+
+    def row(name, c, d, copy, target, case="resnet50", framework="torch"):
+        return {"framework": framework, "case": case, "compressor": name, "compress_s": c,
+                "decompress_s": d, "copy_s": copy, "ratio_to_copy": (c + d) / copy, "target": target}
+
+    rows = [row("topk", 0.060, 0.030, 0.006, 2), row("fp16", 0.010, 0.005, 0.0075, 3),
+            row("topk", 0.001, 0.001, 0.001, 2, case="flat"), row("fp16", 1.0, 1.0, 0.001, 3, framework="tf"),
+            {"framework": "torch", "case": "resnet50", "compressor": "sketch", "error": "MemoryError"}]
+    assert case_markdown(rows, "resnet50").splitlines()[2:] == [
+        "| fp16 | 15.0 | 7.5 | 2.0 | ≤ 3 |", "| topk | 90.0 | 6.0 | 15.0 ✗ | ≤ 2 |"]

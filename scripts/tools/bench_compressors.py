@@ -258,6 +258,21 @@ def catalogue_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def case_markdown(rows: list[dict], case: str, framework: str = "torch") -> str:
+    """One case of the catalogue in one framework, the cheapest first: compress + decompress
+    against one copy of the same tensors (``copy_s``, here of many tensors into memory the
+    allocator already touched) and the compressor's target for that ratio, ✗ where it is missed."""
+    found = sorted((r for r in rows if r["case"] == case and r["framework"] == framework
+                    and "error" not in r), key=lambda r: r["ratio_to_copy"])
+    lines = ["| compressor | (c + d) ms | copy ms | (c + d) / copy | target |",
+             "|---|---:|---:|---:|---:|"]
+    for r in found:
+        mark = "" if r["ratio_to_copy"] <= r["target"] else " ✗"
+        lines.append(f"| {r['compressor']} | {(r['compress_s'] + r['decompress_s']) * 1e3:.1f} | "
+                     f"{r['copy_s'] * 1e3:.1f} | {r['ratio_to_copy']:.1f}{mark} | ≤ {r['target']} |")
+    return "\n".join(lines)
+
+
 def tf_vs_torch(rows: list[dict]) -> str:
     by = {(r["case"], r["compressor"], r["framework"]): r for r in rows
           if "error" not in r and r["device"] == "cpu"}
