@@ -71,6 +71,12 @@ def _validated(paths: list[str]) -> list[dict]:
     return cost_model.validate(paths, cost_model.codecs())
 
 
+def _gaps(paths: list[str]) -> str:
+    import grace
+
+    return quality.gaps_markdown(_quality_rows(paths), grace.available())
+
+
 def _compare_rows(paths: list[str]) -> list[dict]:
     """compare.py's rows of the runs: the median of each set-up's repeats."""
     return compare.medians(compare.read_runs(paths))
@@ -130,6 +136,8 @@ TABLES: dict[str, Table] = {
                               "its length and at the end"),
     "quality.safety": Table(_safety, "quality.py's run files: a row per compressor of the "
                                      "catalogue, a cell per case and framework"),
+    "quality.gaps": Table(_gaps, "quality.py's run files: the safety table's figures, each "
+                                 "compressor's mean gap per case and framework"),
     "time_to_accuracy": Table(lambda p: tta.markdown(tta.summarize(compare.read_runs(p))),
                               "time_to_accuracy.py's results.json"),
     "ddp_hooks": Table(lambda p: bench_ddp_hooks.markdown(_json(*p)),

@@ -76,6 +76,52 @@ def passes(run: dict) -> int:
     return len(run.get("epochs") or [])
 
 
+DEFAULT_CHANGED = {"topk": ("memory", "residual", "momentum", "2026-11-30T00:30:00+00:00")}
+"""Compressors whose default changed after runs of the record: (the parameter, the value their runs
+at the defaults ran with before the change, its value since, the date of the change). Top-k's
+error feedback moved onto the velocity ("Top-k's momentum" in docs/quality.md): where a wrapper
+takes SGD's momentum over the two compute different bits, elsewhere (Adam, a plain SGD, the tape,
+DDP) the same, so only the former runs are renamed (``as_run``)."""
+WORKLOADS = {"mnist": workloads.MNIST, "cnn": workloads.CNN, "lstm": workloads.LSTM,
+             "words": workloads.WORDS}
+
+
+def takes_sgd_momentum(run: dict) -> bool:
+    """Whether Horovod's wrapper (PyTorch's optimizer, TensorFlow's step or ``model.fit``, not the
+    tape) saw an SGD with momentum in this run, which a compressor's memory can take over."""
+    if run["framework"] not in ("torch", "tf") or run.get("optimizer", "sgd") != "sgd":
+        return False
+    if run.get("loop") == "tape":
+        return False
+    momentum = run.get("optimizer_momentum")
+    if momentum is None:
+        momentum = WORKLOADS.get(run["workload"], {}).get("momentum", 0.0)
+    return momentum > 0
+
+
+def as_run(run: dict) -> dict:
+    """``run`` with its compression named by what ran (``DEFAULT_CHANGED``): a run recorded before
+    a compressor's default changed, where the change computes other bits, names the value it ran
+    with (``topk`` -> ``topk(memory=residual)``), and its run of today's default is named as the
+    default (``topk(memory=momentum)`` -> ``topk``). The record keeps what each run wrote."""
+    if compare.is_named(run["compression"]):
+        return run
+    params = json.loads(run["compression"])
+    change = DEFAULT_CHANGED.get(params["compressor"])
+    if change is None:
+        return run
+    param, before, now, since = change
+    if (run.get("finished") or "") >= since or not takes_sgd_momentum(run):
+        return run
+    if param not in params:
+        params[param] = before
+    elif params[param] == now:
+        del params[param]
+    else:
+        return run
+    return {**run, "compression": json.dumps(params)}
+
+
 def merge(runs_per_file: list[list[dict]]) -> list[dict]:
     """One run per set-up (workload, optimizer, framework, compression, seed, length): the one
     finished last by its recorded date (``finished``); runs recorded before dates were (none)
@@ -85,7 +131,7 @@ def merge(runs_per_file: list[list[dict]]) -> list[dict]:
     other code must not take from them."""
     merged: dict = {}
     for runs in runs_per_file:
-        for r in runs:
+        for r in map(as_run, runs):
             key = (r["workload"], r.get("optimizer", "sgd"), r["framework"], r["compression"],
                    r.get("seed", 0), r.get("optimizer_momentum"), passes(r), r.get("init"),
                    r.get("loop"), r.get("commit") if r["compression"] == "fp32" else None)
@@ -331,10 +377,10 @@ SAFETY_CASES = (("mnist", "sgd", "mnist MLP, SGD"), ("mnist", "adam", "mnist MLP
                 ("lstm", "sgd", "char LSTM, SGD"), ("words", "sgd", "words, SGD"))
 
 
-def safety_markdown(rows: list[dict], names: list[str]) -> str:
-    """Which models and optimizers each compressor (at its defaults: ``names``) meets its target
-    on, PyTorch / TensorFlow: ✓, or ✗ with the mean gap (points below fp32; % of perplexity
-    above), over every seed run; – not run; ? run without fp32 of the same code to compare."""
+def defaults_gaps(rows: list[dict], names: list[str]) -> dict[tuple, list[float]]:
+    """(compressor, workload, optimizer, framework) -> the gap of every seed run of each compressor
+    at its defaults (``names``), at the case's usual length, through Horovod; an empty list where
+    it ran without fp32 of the same code to compare with."""
     gaps: dict = {}
     for r in at_benchmark_length(rows):
         if r["framework"] in ("torch", "tf") and r["compressor"] in names:
@@ -342,6 +388,29 @@ def safety_markdown(rows: list[dict], names: list[str]) -> str:
             gaps.setdefault(key, [])
             if r.get("gap") is not None:
                 gaps[key].append(r["gap"])
+    return gaps
+
+
+def case_target(name: str, workload: str) -> float:
+    """The compressor's target on the workload: points below fp32, or % of its perplexity above."""
+    target = TARGET_POINTS.get(name, DEFAULT_TARGET)
+    return target if is_accuracy(workload) else PERPLEXITY_TARGET[target]
+
+
+def _cases_table(names: list[str], cell) -> str:
+    lines = ["| compressor | " + " | ".join(label for _, _, label in SAFETY_CASES) + " |",
+             "|---|" + "---|" * len(SAFETY_CASES)]
+    for name in names:
+        lines.append(f"| {name} | " + " | ".join(
+            f"{cell(name, w, o, 'torch')} / {cell(name, w, o, 'tf')}" for w, o, _ in SAFETY_CASES) + " |")
+    return "\n".join(lines)
+
+
+def safety_markdown(rows: list[dict], names: list[str]) -> str:
+    """Which models and optimizers each compressor (at its defaults: ``names``) meets its target
+    on, PyTorch / TensorFlow: ✓, or ✗ with the mean gap (points below fp32; % of perplexity
+    above), over every seed run; – not run; ? run without fp32 of the same code to compare."""
+    gaps = defaults_gaps(rows, names)
 
     def cell(name: str, workload: str, optimizer: str, framework: str) -> str:
         found = gaps.get((name, workload, optimizer, framework))
@@ -350,17 +419,31 @@ def safety_markdown(rows: list[dict], names: list[str]) -> str:
         if not found:
             return "?"
         mean = sum(found) / len(found)
-        target = TARGET_POINTS.get(name, DEFAULT_TARGET)
-        if not is_accuracy(workload):
-            target = PERPLEXITY_TARGET[target]
-        return "✓" if mean <= target else f"✗ {mean:+.1f}{'' if is_accuracy(workload) else '%'}"
+        return ("✓" if mean <= case_target(name, workload)
+                else f"✗ {mean:+.1f}{'' if is_accuracy(workload) else '%'}")
 
-    lines = ["| compressor | " + " | ".join(label for _, _, label in SAFETY_CASES) + " |",
-             "|---|" + "---|" * len(SAFETY_CASES)]
-    for name in names:
-        lines.append(f"| {name} | " + " | ".join(
-            f"{cell(name, w, o, 'torch')} / {cell(name, w, o, 'tf')}" for w, o, _ in SAFETY_CASES) + " |")
-    return "\n".join(lines)
+    return _cases_table(names, cell)
+
+
+def gaps_markdown(rows: list[dict], names: list[str]) -> str:
+    """The safety table's figures: each compressor's mean gap to fp32 of the same code and seed
+    (points below it; % of its perplexity above), PyTorch / TensorFlow, with the number of seeds
+    in brackets where more than one ran and ✗ where the mean misses the target; – not run; ? run
+    without fp32 of the same code to compare."""
+    gaps = defaults_gaps(rows, names)
+
+    def cell(name: str, workload: str, optimizer: str, framework: str) -> str:
+        found = gaps.get((name, workload, optimizer, framework))
+        if found is None:
+            return "–"
+        if not found:
+            return "?"
+        mean = sum(found) / len(found)
+        seeds = f" ({len(found)})" if len(found) > 1 else ""
+        miss = " ✗" if mean > case_target(name, workload) else ""
+        return f"{mean:+.2f}{'' if is_accuracy(workload) else '%'}{seeds}{miss}"
+
+    return _cases_table(names, cell)
 
 
 def markdown(rows: list[dict]) -> str:
@@ -479,13 +562,27 @@ def ddp_markdown(rows: list[dict]) -> str:
             verdict = "" if target is None or is_fp32(r["compressor"]) else \
                 f"≤ {target:g} {'✓' if r.get('met') else '✗'}"
             # Given by hand, the momentum Horovod's wrapper takes over: set beside Horovod's run.
-            same = horovod.get(r["compressor"]) or horovod.get(r.get("horovod_twin"))
+            same = horovod.get(same_bits_under_horovod(r)) or horovod.get(r.get("horovod_twin"))
             other = (same or {}).get("final")
             lines.append(" | ".join([
                 f"| {name}", f"{r['lr']:g}" if r.get("lr") else "–", f"{r['final']:.4f}",
                 "–" if r.get("gap") is None else f"{r['gap']:+.2f}", verdict,
                 "–" if other is None else f"{other:.4f}", f"{r['bytes_per_step']:,}"]) + " |")
     return "\n" + "\n".join(lines) if lines else ""
+
+
+def same_bits_under_horovod(ddp_run: dict) -> str:
+    """The label of the Horovod run (PyTorch) that computes what a DDP run computed: the same, but
+    where Horovod's wrapper now takes SGD's momentum over for a compressor at its defaults
+    (``DEFAULT_CHANGED``) and the hook, seeing no optimizer, cannot: there the variant the hook
+    runs (``topk`` under DDP is ``topk(memory=residual)`` under Horovod)."""
+    name = ddp_run["compressor"]
+    change = DEFAULT_CHANGED.get(name)
+    if change is None or ddp_run.get("optimizer_momentum") is not None:
+        return name
+    as_horovod = {"framework": "torch", "workload": ddp_run["workload"],
+                  "optimizer": ddp_run["optimizer"]}
+    return f"{name}({change[0]}={change[1]})" if takes_sgd_momentum(as_horovod) else name
 
 
 def horovod_twin(compression: str) -> str:

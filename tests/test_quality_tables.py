@@ -317,3 +317,84 @@ def test_a_followed_accuracy_run_shows_points_below_and_each_framework_its_own_e
         "| onebit | +2.00 | +2.00 | – | – |",  # 0.80 - 0.78 and 0.90 - 0.88, in points
         "| dgc | – | – | -1.00 | -1.00 |",  # above fp32: negative
     ]
+
+
+def _topk_run(params: dict | None = None, finished: str | None = "2026-11-29T10:00:00+00:00",
+              **fields) -> dict:
+    import json
+
+    row = {"workload": "mnist", "optimizer": "sgd", "framework": "torch", "seed": 0,
+           "compression": json.dumps({"compressor": "topk", **(params or {})})}
+    return {**row, **({} if finished is None else {"finished": finished}), **fields}
+
+
+def test_runs_before_a_default_changed_are_named_by_what_they_ran():
+    """``quality.as_run``: top-k's runs recorded before its memory moved onto the velocity, where a
+    wrapper took SGD's momentum over, are named ``memory=residual`` (what they ran) and their runs
+    of ``memory=momentum`` are named as today's default; after the change, or where the two compute
+    the same bits (Adam, a plain SGD, the tape, DDP, momentum given as 0), nothing is renamed."""
+    import json
+
+    def name(run):
+        return json.loads(quality.as_run(run)["compression"])
+
+    assert name(_topk_run()) == {"compressor": "topk", "memory": "residual"}
+    assert name(_topk_run(finished=None)) == {"compressor": "topk", "memory": "residual"}  # undated: older
+    assert name(_topk_run(framework="tf", loop="fit")) == {"compressor": "topk", "memory": "residual"}
+    assert name(_topk_run(workload="cnn")) == {"compressor": "topk", "memory": "residual"}
+    assert name(_topk_run({"memory": "momentum"})) == {"compressor": "topk"}
+    assert name(_topk_run({"memory": "none"})) == {"compressor": "topk", "memory": "none"}
+    for same_bits in (_topk_run(finished="2026-11-30T00:42:57+00:00"), _topk_run(optimizer="adam"),
+                      _topk_run(workload="lstm"), _topk_run(workload="words"),
+                      _topk_run(framework="tf", loop="tape"), _topk_run(framework="ddp"),
+                      _topk_run(optimizer_momentum=0.0)):
+        assert quality.as_run(same_bits) is same_bits
+    fp32 = {"workload": "mnist", "optimizer": "sgd", "framework": "torch", "compression": "fp32"}
+    assert quality.as_run(fp32) is fp32
+    dgc = _topk_run() | {"compression": '{"compressor": "dgc"}'}
+    assert quality.as_run(dgc) is dgc
+
+
+def test_a_later_run_of_the_new_default_replaces_the_renamed_one_of_its_seed():
+    """In the merge, the run of ``memory=momentum`` before the change and the default's run after
+    it are one set-up (the same bits): the later one is kept; the former default's run stays
+    beside them under its own name."""
+    import json
+
+    before = _topk_run({"memory": "momentum"}, epochs=[{"test_accuracy": 0.88}])
+    plain = _topk_run(epochs=[{"test_accuracy": 0.87}])
+    after = _topk_run(finished="2026-11-30T01:00:00+00:00", epochs=[{"test_accuracy": 0.885}])
+    merged = quality.merge([[before, plain], [after]])
+    assert {r["compression"]: r["epochs"][0]["test_accuracy"] for r in merged} == {
+        json.dumps({"compressor": "topk"}): 0.885,
+        json.dumps({"compressor": "topk", "memory": "residual"}): 0.87}
+    assert len(merged) == 2
+
+
+def test_a_ddp_runs_horovod_twin_computes_the_same_bits():
+    """``same_bits_under_horovod``: DDP's top-k over SGD with momentum (the hook sees no optimizer)
+    is Horovod's ``topk(memory=residual)``; with Adam, or with the momentum given by hand, the
+    same name; another compressor its own name."""
+    ddp = {"workload": "mnist", "optimizer": "sgd", "compressor": "topk"}
+    assert quality.same_bits_under_horovod(ddp) == "topk(memory=residual)"
+    assert quality.same_bits_under_horovod({**ddp, "optimizer": "adam"}) == "topk"
+    assert quality.same_bits_under_horovod({**ddp, "workload": "lstm"}) == "topk"
+    assert quality.same_bits_under_horovod({**ddp, "optimizer_momentum": 0.0}) == "topk"
+    assert quality.same_bits_under_horovod({**ddp, "compressor": "dgc"}) == "dgc"
+
+
+def test_the_gaps_table_gives_each_cells_mean_its_seeds_and_its_verdict():
+    """``gaps_markdown``: the safety table's figures, the mean over seeds with their count where
+    more than one ran, ✗ where the mean misses the case's target, – not run, ? without fp32."""
+    def row(workload, framework, compressor, seed, gap):
+        return {"workload": workload, "optimizer": "sgd", "framework": framework,
+                "compressor": compressor, "seed": seed, **({} if gap is None else {"gap": gap})}
+
+    rows = [row("mnist", "torch", "topk", 0, 1.6), row("mnist", "torch", "topk", 1, 0.2),
+            row("mnist", "tf", "topk", 0, 1.2), row("lstm", "torch", "topk", 0, 2.5),
+            row("lstm", "tf", "topk", 0, -0.25), row("words", "tf", "topk", 0, None),
+            row("lstm", "torch", "qsgd", 0, 4.5)]  # 2 points: 5% perplexity
+    table = quality.gaps_markdown(rows, ["topk", "qsgd"]).splitlines()
+    assert table[2] == ("| topk | +0.90 (2) / +1.20 ✗ | – / – | – / – | – / – | +2.50% ✗ / -0.25% "
+                        "| – / ? |")
+    assert table[3] == "| qsgd | – / – | – / – | – / – | – / – | +4.50% / – | – / – |"

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 
-from scripts import ROOT
+from scripts import ROOT, quality
 
 STEPS = 300
 """The test's length for every compressor, in both frameworks (tests/test_convergence.py)."""
@@ -86,11 +86,13 @@ would be 16.1; top-k's in TensorFlow was 13.95 with plain error feedback)."""
 FIRST_MACHINE = "the first machine"
 """The machine of the runs that do not say theirs (``machine``): the study's first, whose processor
 was not recorded."""
-DEFAULT_CHANGED = {"topk": ("memory=residual", "2026-11-30")}
-"""Compressors whose default changed after runs of the record: (what their runs recorded before the
-date ran, that date). Such runs are read as the variant they ran (``load``), so that a bar holds
-the default of today: top-k's error feedback moved onto the velocity (the optimizer's momentum
-taken over, docs/quality.md "Top-k's momentum"); the record keeps what each run wrote."""
+DEFAULT_CHANGED = {name: (f"{param}={before}", since[:10])
+                   for name, (param, before, _, since) in quality.DEFAULT_CHANGED.items()}
+"""Compressors whose default changed after runs of the record (``quality.DEFAULT_CHANGED``): (what
+their runs recorded before the date ran, that date; this record dates its runs by the day). Such
+runs are read as the variant they ran (``load``), so that a bar holds the default of today: top-k's
+error feedback moved onto the velocity (the optimizer's momentum taken over, docs/quality.md
+"Top-k's momentum"); the record keeps what each run wrote."""
 RECORD = os.path.join(ROOT, "data", "quality", "convergence-bars.json")
 WORKER = os.path.join(ROOT, "tests", "workers", "convergence.py")
 
