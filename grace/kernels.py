@@ -23,8 +23,9 @@ from typing import Any, Callable
 from grace import native
 from grace.dtypes import Tensor
 
-ACCEPTED = ("float32", "uint8")
-"""The first input's dtypes the loops read: float32 gradients, and packed codes for the decoders."""
+ACCEPTED = ("float32", "uint8", "int16")
+"""The first input's dtypes the loops read: float32 gradients, packed codes for the decoders, and
+bfloat16 values carried as their int16 bits (``grace.steps.bf16_rows_sum``)."""
 
 
 def applies(ops: Any, tensors: list[Tensor], numel: int | None = None, dtypes: list[str] | None = None,

@@ -100,3 +100,17 @@ def scaled_sum(ops: Ops, a: Tensor | None, b: Tensor, *, alpha: float, beta: flo
     dtype as ``Ops.scale`` does, then the sum; shaped as ``b``."""
     right = ops.scale(b, beta)
     return right if a is None else ops.add(ops.scale(a, alpha), right)
+
+
+@accelerated("bf16_rows_sum")
+def bf16_rows_sum(ops: Ops, rows: Tensor, *, workers: int, n: int) -> Tensor:
+    """The sum of ``workers`` bfloat16 tensors of ``n`` elements that were gathered as their bits:
+    ``rows``, int16, row after row in rank order (an adapter whose layer below cannot sum bfloat16,
+    as Horovod 0.28.1 cannot, gathers the bits instead). Each row is widened to float32 and added in
+    rank order, the same on every worker and in every framework, and the sum rounded once to
+    bfloat16 (to nearest even); returned as its bits, int16, ``n`` elements."""
+    values = ops.cast(ops.from_bytes(ops.to_bytes(rows), "bfloat16"), "float32")
+    total = ops.slice(values, 0, n)
+    for r in range(1, workers):
+        total = ops.add(total, ops.slice(values, r * n, n))
+    return ops.from_bytes(ops.to_bytes(ops.cast(total, "bfloat16")), "int16")

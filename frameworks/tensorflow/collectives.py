@@ -11,8 +11,11 @@ from horovod.tensorflow.mpi_ops import allgather, alltoall, broadcast
 
 from frameworks import internals
 from frameworks.process_set import ProcessSetCollectives
+from frameworks.tensorflow.ops import TensorFlowOps
+from grace.steps import bf16_rows_sum
 
 _allreduce = internals.tf_allreduce()
+_OPS = TensorFlowOps()
 
 
 class HorovodCollectives(ProcessSetCollectives):
@@ -33,12 +36,15 @@ class HorovodCollectives(ProcessSetCollectives):
 
     def allreduce_async(self, tensor, name):
         if tensor.dtype == tf.bfloat16:
-            # As in the torch adapter: gather the bits, add in float32 in rank order, round once.
-            rows = tf.bitcast(allgather(tf.bitcast(tf.reshape(tensor, [1, -1]), tf.int16),
-                                        name=_op_name(name), ignore_name_scope=True,
-                                        process_set=self.process_set), tf.bfloat16)
-            total = tf.reduce_sum(tf.cast(rows, tf.float32), axis=0)
-            return tf.reshape(tf.cast(total, tf.bfloat16), tf.shape(tensor))
+            # Horovod 0.28.1 cannot reduce bfloat16: gather the bits, add in float32 in rank order
+            # (the same on every worker), round once (grace.steps.bf16_rows_sum).
+            rows = allgather(tf.bitcast(tf.reshape(tensor, [1, -1]), tf.int16), name=_op_name(name),
+                             ignore_name_scope=True, process_set=self.process_set)
+            n = tensor.shape.num_elements()
+            # A size known only when the graph runs: the composite, whose slices take it then.
+            add = bf16_rows_sum if n is not None else bf16_rows_sum.composite
+            bits = add(_OPS, rows, workers=self.size, n=tf.size(tensor) if n is None else n)
+            return tf.reshape(tf.bitcast(bits, tf.bfloat16), tf.shape(tensor))
         return _allreduce(tensor, name=_op_name(name), op=hvd.Sum, ignore_name_scope=True,
                           process_set=self.process_set)
 

@@ -8,6 +8,10 @@ import horovod.torch as hvd
 import torch
 
 from frameworks.process_set import ProcessSetCollectives
+from frameworks.torch.ops import TorchOps
+from grace.steps import bf16_rows_sum
+
+_OPS = TorchOps()
 
 
 class HorovodCollectives(ProcessSetCollectives):
@@ -21,7 +25,7 @@ class HorovodCollectives(ProcessSetCollectives):
     def allreduce_async(self, tensor, name):
         if tensor.dtype == torch.bfloat16:
             # Horovod 0.28.1 cannot reduce bfloat16: gather the bits, add in float32 in rank order
-            # (the same on every worker), round once.
+            # (the same on every worker), round once (grace.steps.bf16_rows_sum).
             handle = hvd.allgather_async(tensor.reshape(1, -1).view(torch.int16), name=name,
                                          process_set=self.process_set)
             return _SummedBits(handle, tensor.shape)
@@ -57,8 +61,9 @@ class HorovodCollectives(ProcessSetCollectives):
             received, _ = hvd.synchronize(inner.handle if bits else inner)
             return received.view(torch.bfloat16) if bits else received
         if isinstance(handle, _SummedBits):
-            rows = hvd.synchronize(handle.handle).view(torch.bfloat16).float()
-            return rows.sum(0, dtype=torch.float32).to(torch.bfloat16).reshape(handle.shape)
+            rows = hvd.synchronize(handle.handle)
+            bits = bf16_rows_sum(_OPS, rows, workers=rows.shape[0], n=rows.shape[1])
+            return bits.view(torch.bfloat16).reshape(handle.shape)
         if isinstance(handle, _AsBits):
             return hvd.synchronize(handle.handle).view(torch.bfloat16)
         return hvd.synchronize(handle)

@@ -428,6 +428,8 @@ UNPACK_VALUES = Loop("grace_unpack_values", (In(0), Param("bits", INT), START, C
 SUMS = Loop("grace_sums", (In(0), START, COUNT, Row(0)))
 SCALED_SUM = Loop("grace_scaled_sum", (In(0), Param("alpha"), In(1), Param("beta"), START, COUNT,
                                        Out(0)))
+BF16_ROWS_SUM = Loop("grace_bf16_rows_sum", (In(0), Param("workers", _I64), Param("n", _I64), START,
+                                             COUNT, Out(0)))
 COUNT_ABOVE = Loop("grace_count_above", (In(0), START, COUNT, Param("threshold")), _I64)
 SELECT_ABOVE = Loop("grace_select_above", (In(0), START, COUNT, Param("threshold"), Placed(0),
                                            Param("wide", INT)))
@@ -499,6 +501,18 @@ def unpack_values(packed: np.ndarray, values: np.ndarray, bits: int, n: int) -> 
     """``values[code]`` (float32 ``values``) for each of the ``n`` codes of ``bits`` bits packed."""
     out = _empty(n, np.float32)
     run(UNPACK_VALUES, n, [packed, values], [out], {"bits": bits})
+    return out
+
+
+def bf16_rows_sum(rows: np.ndarray, workers: int, n: int) -> np.ndarray:
+    """The bfloat16 bits (int16) of the float32 sum, in rank order, of the ``workers`` rows of ``n``
+    bfloat16 values given as their bits (``rows``: ``workers * n`` int16, row after row), rounded
+    once to nearest even."""
+    rows = np.ascontiguousarray(rows).reshape(-1)
+    if rows.size != workers * n:
+        raise ValueError(f"rows: {workers} rows of {n} elements are {workers * n}, got {rows.size}")
+    out = _empty(n, np.int16)
+    run(BF16_ROWS_SUM, n, [rows], [out], {"workers": workers, "n": n})
     return out
 
 
@@ -671,6 +685,7 @@ KERNELS: dict[str, Kernel] = {
                             and dtypes[1] == "float32"),
     "scaled_sum": Kernel(scaled_sum, lambda *shapes, alpha, beta: [("float32", shapes[-1])],
                          lambda dtypes, **params: all(d == "float32" for d in dtypes)),
+    "bf16_rows_sum": Kernel(bf16_rows_sum, lambda rows, workers, n: [("int16", (n,))]),
     "exact_top_k": Kernel(topk_indices, _top_k_outputs, float32_at(0)),
     # DGC's selection is the exact top-k too: its random sample only speeds the composite code up.
     "sampled_top_k": Kernel(lambda x, seed, k, m: topk_indices(x, k), _top_k_outputs, float32_at(0)),

@@ -523,3 +523,20 @@ int64_t grace_choose(uint32_t k0, uint32_t k1, int64_t n, int64_t m, int complem
     free(bits);
     return 0;
 }
+
+/* The sum over `workers` rows of bfloat16 bits (rows of `stride` elements, in rank order), in
+ * float32, rounded once to bfloat16 to nearest, ties to even, a NaN as the quiet NaN 0x7fc0:
+ * elements [start, start + n) of `out`. A bfloat16 is the top half of a float32, so widening is a
+ * shift; the composite code (grace/steps.py: bf16_rows_sum) widens, adds row by row and rounds
+ * in as many passes over memory. */
+void grace_bf16_rows_sum(const uint16_t *rows, int64_t workers, int64_t stride, int64_t start,
+                         int64_t n, uint16_t *out) {
+    for (int64_t i = start; i < start + n; i++) {
+        float sum = float_of((uint32_t)rows[i] << 16);
+        for (int64_t r = 1; r < workers; r++) sum += float_of((uint32_t)rows[r * stride + i] << 16);
+        uint32_t raw;
+        memcpy(&raw, &sum, sizeof raw);
+        out[i] = (raw & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7fc0
+                                                   : (uint16_t)((raw + 0x7fffu + ((raw >> 16) & 1u)) >> 16);
+    }
+}
