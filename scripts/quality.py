@@ -86,6 +86,15 @@ WORKLOADS = {"mnist": workloads.MNIST, "cnn": workloads.CNN, "lstm": workloads.L
              "words": workloads.WORDS}
 
 
+def without_default_loop(run: dict) -> dict:
+    """``run`` without ``loop: step``, which TensorFlow's worker records since it took ``--loop``:
+    the benchmark's own loop, which the runs recorded before it ran too, so that a run of it and an
+    earlier one of the same set-up are one set-up (the later replacing the earlier)."""
+    if run.get("loop") != "step":
+        return run
+    return {k: v for k, v in run.items() if k != "loop"}
+
+
 def takes_sgd_momentum(run: dict) -> bool:
     """Whether Horovod's wrapper (PyTorch's optimizer, TensorFlow's step or ``model.fit``, not the
     tape) saw an SGD with momentum in this run, which a compressor's memory can take over."""
@@ -131,7 +140,7 @@ def merge(runs_per_file: list[list[dict]]) -> list[dict]:
     other code must not take from them."""
     merged: dict = {}
     for runs in runs_per_file:
-        for r in map(as_run, runs):
+        for r in map(as_run, map(without_default_loop, runs)):
             key = (r["workload"], r.get("optimizer", "sgd"), r["framework"], r["compression"],
                    r.get("seed", 0), r.get("optimizer_momentum"), passes(r), r.get("init"),
                    r.get("loop"), r.get("commit") if r["compression"] == "fp32" else None)

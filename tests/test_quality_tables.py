@@ -398,3 +398,22 @@ def test_the_gaps_table_gives_each_cells_mean_its_seeds_and_its_verdict():
     assert table[2] == ("| topk | +0.90 (2) / +1.20 ✗ | – / – | – / – | – / – | +2.50% ✗ / -0.25% "
                         "| – / ? |")
     assert table[3] == "| qsgd | – / – | – / – | – / – | – / – | +4.50% / – | – / – |"
+
+
+def test_tensorflows_own_loop_recorded_or_not_is_one_set_up():
+    """``loop: step`` (TensorFlow's benchmark loop, recorded since ``--loop`` came) and a run that
+    predates the field are one set-up: the later replaces the earlier; ``fit`` and ``tape`` stay
+    set-ups of their own."""
+    def tf_run(finished, accuracy, **fields):
+        return {"workload": "mnist", "optimizer": "sgd", "framework": "tf", "seed": 0,
+                "compression": '{"compressor": "fp16"}', "finished": finished,
+                "epochs": [{"test_accuracy": accuracy}], **fields}
+
+    old = tf_run("2026-11-28T00:00:00+00:00", 0.880)
+    new = tf_run("2026-11-30T00:00:00+00:00", 0.885, loop="step")
+    fit = tf_run("2026-11-30T01:00:00+00:00", 0.884, loop="fit")
+    merged = quality.merge([[old, new, fit]])
+    assert sorted((r.get("loop"), r["epochs"][0]["test_accuracy"]) for r in merged
+                  if r.get("loop") != "fit") == [(None, 0.885)]
+    assert [r["epochs"][0]["test_accuracy"] for r in merged if r.get("loop") == "fit"] == [0.884]
+    assert new["loop"] == "step"  # the record keeps what the run wrote
