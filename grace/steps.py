@@ -108,7 +108,9 @@ def bf16_rows_sum(ops: Ops, rows: Tensor, *, workers: int, n: int) -> Tensor:
     ``rows``, int16, row after row in rank order (an adapter whose layer below cannot sum bfloat16,
     as Horovod 0.28.1 cannot, gathers the bits instead). Each row is widened to float32 and added in
     rank order, the same on every worker and in every framework, and the sum rounded once to
-    bfloat16 (to nearest even); returned as its bits, int16, ``n`` elements."""
+    bfloat16 (to nearest even); returned as its bits, int16, ``n`` elements. A NaN sum is a NaN
+    whose bits may differ between the loop and a framework's cast; its step is rolled back as
+    non-finite anyway."""
     values = ops.cast(ops.from_bytes(ops.to_bytes(rows), "bfloat16"), "float32")
     total = ops.slice(values, 0, n)
     for r in range(1, workers):

@@ -696,6 +696,8 @@ def by_rate_markdown(rows: list[dict], workload: str) -> str:
     (samples/s, or the step's milliseconds for the exchange workload, which has no samples), and
     the bytes on one worker's link per step at the first rate."""
     runs = [r for r in rows if r["workload"] == workload and r["rate"] != ALONE and r["status"] == "ok"]
+    if not runs:
+        return ""
     rates = sorted(dict.fromkeys(r["rate"] for r in runs), key=rate_order)
     frameworks = list(dict.fromkeys(r["framework"] for r in runs))
     exchange = METRIC[workload][0] is None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from scripts import compare
 
@@ -24,10 +24,13 @@ FRAMEWORK_NAMES = compare.FRAMEWORK_NAMES
 
 @dataclass(frozen=True)
 class Measured:
-    """One row's figures: img/s per worker and its share of one worker alone (of its own run)."""
+    """One row's figures: img/s per worker and its share of one worker alone (of its own run),
+    and the img/s per worker of every compression of the same framework and rate in that run
+    (``peers``: a comparison between two compressions is within one run)."""
 
     per_worker: float
     of_alone: float
+    peers: dict = field(default_factory=dict, compare=False)
 
 
 Rows = dict[tuple[str, str, str], Measured]  # (framework, rate, compression label) -> figures
@@ -75,19 +78,21 @@ class AtLeast:
         parts, judged = [], []
         for fw in frameworks:
             name = FRAMEWORK_NAMES.get(fw, fw)
-            than = rows.get((fw, self.rate, self.than))
             names = self.compressions or tuple(
                 c for (f, r, c) in rows if f == fw and r == self.rate
                 and c not in (self.than, *self.besides))
             found = [(c, rows.get((fw, self.rate, c))) for c in names]
-            if than is None:
-                parts.append(f"{name}: no {self.than} run")
-                judged += [(fw, c, False) for c in names]
+            # each against ``than`` of its own run: the latest row of each may be of two runs
+            thans = [None if m is None else m.peers.get(self.than) for _, m in found]
+            if not found or all(t is None for t in thans):
+                parts.append(f"{name}: no {self.than} run beside them")
+                judged += [(fw, c, False) for c in names] or [(fw, self.than, False)]
                 continue
             cells = ", ".join(f"{c} {m.per_worker:.1f}" if m else f"{c} –" for c, m in found)
-            parts.append(f"{name}: {cells} against {than.per_worker:.1f}")
-            judged += [(fw, c, m is not None and m.per_worker >= (1 - self.slack) * than.per_worker)
-                       for c, m in found]
+            against = sorted({f"{t:.1f}" for t in thans if t is not None})
+            parts.append(f"{name}: {cells} against {' / '.join(against)}")
+            judged += [(fw, c, m is not None and t is not None and m.per_worker >= (1 - self.slack) * t)
+                       for (c, m), t in zip(found, thans)]
         return "; ".join(parts), judged
 
 
@@ -112,21 +117,25 @@ def rows_of(runs_by_file: Sequence[list[dict]]) -> tuple[Rows, list[str]]:
     for runs in runs_by_file:
         medians = compare.medians(runs)
         limits = compare.alone_limits(medians)
-        for r in medians:
-            limit = limits.get((r["workload"], r["framework"]))
-            if r["rate"] == compare.ALONE or r["status"] != "ok" or limit is None:
-                continue
+        found = [r for r in medians if r["rate"] != compare.ALONE and r["status"] == "ok"
+                 and (r["workload"], r["framework"]) in limits]
+        for r in found:
             per = r["samples_per_s"] / r["workers"]
-            rows[(r["framework"], r["rate"], compare.label(r["compression"]))] = \
-                Measured(per_worker=per, of_alone=per / limit)
+            peers = {compare.label(p["compression"]): p["samples_per_s"] / p["workers"] for p in found
+                     if (p["framework"], p["rate"]) == (r["framework"], r["rate"])}
+            rows[(r["framework"], r["rate"], compare.label(r["compression"]))] = Measured(
+                per_worker=per, of_alone=per / limits[(r["workload"], r["framework"])], peers=peers)
             if r["framework"] not in frameworks:
                 frameworks.append(r["framework"])
     return rows, frameworks
 
 
 def verdict(judged: list[Judged]) -> str:
-    """``yes``; ``no`` where every judged row misses; else ``no:`` and what misses, by framework."""
+    """``yes``; ``no`` where every judged row misses (or nothing was measured); else ``no:`` and
+    what misses, by framework."""
     missed = [(fw, c) for fw, c, ok in judged if not ok]
+    if not judged:
+        return "no"
     if not missed:
         return "yes"
     if len(missed) == len(judged):

@@ -585,13 +585,16 @@ def same_bits_under_horovod(ddp_run: dict) -> str:
     where Horovod's wrapper now takes SGD's momentum over for a compressor at its defaults
     (``DEFAULT_CHANGED``) and the hook, seeing no optimizer, cannot: there the variant the hook
     runs (``topk`` under DDP is ``topk(memory=residual)`` under Horovod)."""
-    name = ddp_run["compressor"]
-    change = DEFAULT_CHANGED.get(name)
-    if change is None or ddp_run.get("optimizer_momentum") is not None:
+    name = ddp_run["compressor"]  # a label: ``topk``, ``topk(ratio=0.01)``
+    change = DEFAULT_CHANGED.get(name.split("(")[0])
+    if change is None or ddp_run.get("optimizer_momentum") is not None or f"{change[0]}=" in name:
         return name
     as_horovod = {"framework": "torch", "workload": ddp_run["workload"],
                   "optimizer": ddp_run["optimizer"]}
-    return f"{name}({change[0]}={change[1]})" if takes_sgd_momentum(as_horovod) else name
+    if not takes_sgd_momentum(as_horovod):
+        return name
+    given = f"{change[0]}={change[1]}"
+    return f"{name[:-1]}, {given})" if name.endswith(")") else f"{name}({given})"
 
 
 def horovod_twin(compression: str) -> str:

@@ -181,7 +181,9 @@ def test_one_case_cheapest_first_with_its_misses_marked():
                 "decompress_s": d, "copy_s": copy, "ratio_to_copy": (c + d) / copy, "target": target}
 
     rows = [row("topk", 0.060, 0.030, 0.006, 2), row("fp16", 0.010, 0.005, 0.0075, 3),
+            row("qsgd", 0.008, 0.004, 0.004, 3),  # exactly its target: met
             row("topk", 0.001, 0.001, 0.001, 2, case="flat"), row("fp16", 1.0, 1.0, 0.001, 3, framework="tf"),
             {"framework": "torch", "case": "resnet50", "compressor": "sketch", "error": "MemoryError"}]
     assert case_markdown(rows, "resnet50").splitlines()[2:] == [
-        "| fp16 | 15.0 | 7.5 | 2.0 | ≤ 3 |", "| topk | 90.0 | 6.0 | 15.0 ✗ | ≤ 2 |"]
+        "| fp16 | 15.0 | 7.5 | 2.0 | ≤ 3 |", "| qsgd | 12.0 | 4.0 | 3.0 | ≤ 3 |",
+        "| topk | 90.0 | 6.0 | 15.0 ✗ | ≤ 2 |"]

@@ -106,5 +106,9 @@ def test_by_rate_a_row_per_set_up_a_column_per_rate_the_frameworks_side_by_side(
         "|---|---:|---:|---:|---:|",
         "| fp32 | 2 | 1000 / 1200 | 500 / 600 | 2,048 / 2,049 |",
         "| topk | 4 | 250 / – | 200 / – | 40 / – |"]
+    slow = rows + [run("fp32", 2, 4.0, 2048 * 1024, rate="200mbit"), run("fp32", 2, 8.0, rate="100mbit")]
+    assert compare.by_rate_markdown(compare.medians(slow), "exchange").splitlines()[2] == (
+        "| compression | workers | 100mbit | 200mbit | 1gbit | unshaped | link KiB/step |")  # by speed
+    assert compare.by_rate_markdown(compare.medians(rows), "mnist") == ""  # no runs of it
     mnist = [{**r, "workload": "mnist", "epochs": []} for r in rows[:2]]
     assert "| fp32 | 2 | 32 | 64 | 2,048 |" in compare.by_rate_markdown(compare.medians(mnist), "mnist")

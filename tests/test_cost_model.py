@@ -271,17 +271,23 @@ def test_the_validation_tables_set_each_figure_in_its_cell():
                        measured_link_bytes=4e6, predicted_link_bytes=4.1e6, bytes_error=0.025)
         return out
 
-    rows = [row("a.json", "fp32", "allreduce", 2, 0.03), row("a.json", "topk", "alltoall", 2, 0.30),
-            row("a.json", "topk", "alltoall", 4, -0.10),
-            row("a.json", "topk", "alltoall", 4, 9.0, "unshaped"),
-            row("b.json", "fp32", "allreduce", 2, -0.04), row("b.json", "topk", "alltoall", 2, 0.20),
-            row("b.json", "fp32", "allreduce", 4, 0.26)]
+    # run files given b then a: the columns follow the order given, not the names
+    rows = [row("b.json", "fp32", "allreduce", 2, 0.03), row("b.json", "topk", "alltoall", 2, 0.30),
+            row("b.json", "topk", "alltoall", 4, -0.10),
+            row("b.json", "topk", "alltoall", 4, 9.0, "unshaped"),
+            row("a.json", "fp32", "allreduce", 2, -0.04), row("a.json", "topk", "alltoall", 2, 0.25),
+            row("a.json", "fp32", "allreduce", 4, 0.26), row("a.json", "topk", "allgather", 2, -0.5)]
     assert cost_model.host_error_table(rows).splitlines() == [
         "| + host overhead, error of the prediction | 2 workers: run 1 / run 2 | 4 workers: run 1 / run 2 |",
         "|---|---:|---:|",
         "| fp32 | +3% / -4% | – / +26% |",
-        "| topk through the owners | +30% / +20% | -10% / – |",
-        "| within 25% | 3 of 4 | 1 of 2 |"]
-    link = cost_model.link_and_step_table(rows[:1] + rows[3:4])
+        "| topk through the owners | +30% / +25% | -10% / – |",
+        "| topk gathered | – / -50% | – / – |",
+        "| within 25% | 3 of 5 | 1 of 2 |"]  # exactly 25% is within
+    other_rate = dict(row("a.json", "fp32", "allreduce", 2, 0.5), rate="100mbit")
+    table = cost_model.host_error_table(rows[:1] + [other_rate])
+    assert "| fp32 at 1gbit | +3% / – |" in table and "| fp32 at 100mbit | – / +50% |" in table
+    link = cost_model.link_and_step_table(rows[:1] + rows[3:4] + rows[-1:])
     assert link.splitlines()[2:] == [
-        "| PyTorch fp32, 2 workers at 1gbit | 4.00 → 4.10 MB (+2.5%) | 200 → 150 ms (-25%) |"]
+        "| PyTorch fp32, 2 workers at 1gbit | 4.00 → 4.10 MB (+2.5%) | 200 → 150 ms (-25%) |",
+        "| PyTorch topk gathered, 2 workers at 1gbit | 4.00 → 4.10 MB (+2.5%) | 200 → 150 ms (-25%) |"]

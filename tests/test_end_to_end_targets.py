@@ -71,7 +71,10 @@ def test_a_compression_not_run_misses_its_target():
     assert measured == "PyTorch 0.95, –"
     assert verdict(judged) == "no: PyTorch dgc"
     measured, judged = AtLeast("1gbit", ("none",), than="fp32").judge(*rows_of([runs]))
-    assert measured == "PyTorch: no fp32 run" and verdict(judged) == "no"
+    assert measured == "PyTorch: no fp32 run beside them" and verdict(judged) == "no"
+    assert verdict([]) == "no"  # nothing measured is not a target met
+    measured, judged = AtLeast("100mbit", (), than="fp32").judge(*rows_of([runs]))
+    assert verdict(judged) == "no"  # no run at that rate
 
 
 def test_at_least_another_compression_with_and_without_slack():
@@ -96,3 +99,20 @@ def test_every_compression_of_a_rate_but_the_baselines():
     assert measured == "PyTorch: topk(ratio=0.01) 40.0, qsgd 34.5 against 35.0"
     assert verdict(judged) == "no: PyTorch qsgd"
     assert target.text() == "unshaped: every compression at least fp32"
+
+
+def test_a_comparison_is_within_one_run_and_failed_or_unanchored_rows_are_left_out():
+    """``AtLeast`` sets a compression beside ``than`` of the same run, even where a later file
+    replaced ``than``'s row; a failed repeat set-up and a file without one worker alone give no
+    rows."""
+    first = [alone("tf", 50.0), run("tf", "hvd-fp16", "1gbit", 38.0),  # 19.0 per worker
+             run("tf", grace_spec("bf16"), "1gbit", 40.0)]  # 20.0: above its own run's 19.0
+    second = [alone("tf", 50.0), run("tf", "hvd-fp16", "1gbit", 44.0)]  # 22.0, a run without bf16
+    target = AtLeast("1gbit", ("bf16",), than="hvd-fp16")
+    measured, judged = target.judge(*rows_of([first, second]))
+    assert measured == "TensorFlow: bf16 20.0 against 19.0" and verdict(judged) == "yes"
+    failed = dict(run("tf", grace_spec("bf16"), "1gbit", 90.0), status="failed: timeout")
+    third = [alone("tf", 50.0), failed]
+    unanchored = [run("tf", grace_spec("bf16"), "1gbit", 10.0)]  # no one worker alone in its file
+    rows, _ = rows_of([first, third, unanchored])
+    assert rows[("tf", "1gbit", "bf16")].per_worker == 20.0  # neither replaced the first's row

@@ -205,26 +205,41 @@ def test_scaled_sum_rounds_as_the_composite_code(n):
 
 
 
+@pytest.fixture
+def loop_calls(monkeypatch):
+    """How many times each loop of grace.native ran (``native.run_kernel``)."""
+    import collections
+
+    calls = collections.Counter()
+    run = native.run_kernel
+    monkeypatch.setattr(native, "run_kernel",
+                        lambda kernel, *a, **kw: calls.update([kernel]) or run(kernel, *a, **kw))
+    return calls
+
+
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("workers", [2, 3, 8])
-def test_bf16_rows_sum_rounds_as_the_composite_code(n, workers):
-    """The sum of gathered bfloat16 bits (Horovod cannot reduce bfloat16): the kernel gives the
-    composite code's bits (rank order, float32, one rounding to nearest even), ties and the
-    subnormal, infinite and overflowing sums among them; a NaN sum is a NaN (the kernel writes the
-    quiet 0x7fc0)."""
+def test_bf16_rows_sum_rounds_as_the_composite_code(n, workers, loop_calls):
+    """The sum of gathered bfloat16 bits (Horovod cannot reduce bfloat16), as the torch adapter
+    takes it: the loop runs and gives the composite code's bits (rank order, float32, one rounding
+    to nearest even), ties, subnormal, infinite and overflowing sums among them; a NaN sum is a
+    NaN (the loop writes the quiet 0x7fc0)."""
+    from frameworks.torch.collectives import summed_bf16
     from grace.steps import bf16_rows_sum
 
     g = torch.Generator().manual_seed(workers)
     x = torch.randn(workers, n, generator=g) * torch.exp2(torch.randint(-20, 20, (workers, n), generator=g))
-    # subnormals, a finite overflow, an infinity, a NaN
+    # subnormals, a float32 overflow, an infinity, a NaN
     x[:, :6] = torch.tensor([1.0, 1e-39, 3e38, 1.0, 1.0, -1.0]).expand(workers, 6)
     x[1, 3], x[1, 4], x[0, 5] = float("inf"), float("nan"), -float("inf")
-    x[:, 6:8] = 0.0  # sums halfway between two bfloat16: to the even one, down and up
+    x[:, 6:9] = 0.0  # sums halfway between two bfloat16: to the even one, down, up, and up to Inf
+    largest = torch.tensor(0x7F7F, dtype=torch.int16).view(torch.bfloat16).float().item()
     x[0, 6], x[1, 6], x[0, 7], x[1, 7] = 1.0, 2.0**-8, 1.0 + 2.0**-7, 2.0**-8
+    x[0, 8], x[1, 8] = largest, 2.0**119  # half the spacing of bfloat16 at its largest finite value
     rows = x.to(torch.bfloat16).view(torch.int16)
-    got = bf16_rows_sum(TORCH, rows, workers=workers, n=n)
+    got = summed_bf16(rows, (n,)).view(torch.int16)
     assert got.dtype == torch.int16 and got.shape == (n,)
-    assert kernels.applies(TORCH, [rows], n, ["int16"], kernels.ACCEPTED)  # the loop ran
+    assert loop_calls["bf16_rows_sum"] == 1  # the loop ran, not the composite code
     expected = bf16_rows_sum.composite(TORCH, rows, workers=workers, n=n)
     values, wanted = got.view(torch.bfloat16).float(), expected.view(torch.bfloat16).float()
     assert torch.equal(values.isnan(), wanted.isnan()) and values[4].isnan()
@@ -232,6 +247,7 @@ def test_bf16_rows_sum_rounds_as_the_composite_code(n, workers):
     assert got[4].item() == 0x7FC0
     assert values[3].item() == float("inf") and values[2].item() == float("inf")  # 3e38 x 2 overflows
     assert values[6].item() == 1.0 and values[7].item() == 1.0 + 2.0**-6
+    assert values[8].item() == float("inf")  # a finite float32 sum that rounds past the largest
     # the widening is exact and the float32 sum is rank order's: the same as summing the floats
     by_hand = x.to(torch.bfloat16).float()
     total = by_hand[0].clone()
@@ -239,8 +255,37 @@ def test_bf16_rows_sum_rounds_as_the_composite_code(n, workers):
         total += by_hand[r]
     finite = ~total.isnan()
     assert torch.equal(got[finite], total.to(torch.bfloat16).view(torch.int16)[finite])
+    small = summed_bf16(rows[:, :100].contiguous(), (10, 10))  # below MIN_NUMEL: the composite code
+    assert loop_calls["bf16_rows_sum"] == 1 and small.shape == (10, 10)
+    assert torch.equal(small.reshape(-1)[:4].view(torch.int16), got[:4])
     with pytest.raises(ValueError, match="rows: 2 rows of 5 elements are 10, got 9"):
         native.bf16_rows_sum(np.zeros(9, np.int16), 2, 5)
+
+
+def test_tensorflow_sums_gathered_bf16_bits_through_the_loop_eagerly_and_in_a_graph(loop_calls):
+    """TensorFlow's bfloat16 sum (its adapter's allreduce, Horovod gathering the bits) takes the
+    same loop, through tf.numpy_function in a traced graph, and gives torch's bits; a tensor whose
+    size a graph knows only when it runs is summed by the composite code, to the same bits."""
+    import tensorflow as tf
+
+    from frameworks.tensorflow.collectives import summed_bf16
+    from grace.steps import bf16_rows_sum
+
+    n, workers = native.CROSSING_MIN_NUMEL + 3, 3
+    rows = data(workers * n, seed=11).to(torch.bfloat16).view(torch.int16).reshape(workers, n)
+    expected = bf16_rows_sum.composite(TORCH, rows, workers=workers, n=n).numpy()
+    like = tf.zeros([n], tf.bfloat16)
+    traced = tf.function(lambda r, t: summed_bf16(r, t, workers))
+    unknown = tf.function(lambda r, t: summed_bf16(r, t, workers),
+                          input_signature=[tf.TensorSpec([None, None], tf.int16),
+                                           tf.TensorSpec([None], tf.bfloat16)])
+    for way, calls in ((lambda r: summed_bf16(r, like, workers), 1), (lambda r: traced(r, like), 1),
+                       (lambda r: unknown(r, like), 0)):
+        before = loop_calls["bf16_rows_sum"]
+        got = way(tf.constant(rows.numpy()))
+        assert loop_calls["bf16_rows_sum"] - before == calls
+        assert got.dtype == tf.bfloat16 and got.shape == (n,)
+        np.testing.assert_array_equal(tf.bitcast(got, tf.int16).numpy(), expected)
 
 
 def assert_same(got, expected, what):
@@ -392,25 +437,6 @@ def test_tensorflow_takes_the_same_loops_in_a_graph(name):
         for i, (a, b) in enumerate(zip(got_payload, payload)):
             assert_same(a, b, f"{name}: payload {i}")
         assert_same(got_decoded.numpy(), decoded, f"{name}: decoded")
-
-
-def test_tensorflow_sums_gathered_bf16_bits_through_the_loop_eagerly_and_in_a_graph():
-    """TensorFlow's bfloat16 sum (its adapter's allreduce, Horovod gathering the bits) takes the
-    same loop, through tf.numpy_function in a traced graph, and gives torch's bits."""
-    import tensorflow as tf
-
-    from frameworks.tensorflow.ops import TensorFlowOps
-    from grace.steps import bf16_rows_sum
-
-    tf_ops, n, workers = TensorFlowOps(), native.CROSSING_MIN_NUMEL + 3, 3
-    rows = data(workers * n, seed=11).to(torch.bfloat16).view(torch.int16).reshape(workers, n)
-    expected = bf16_rows_sum.composite(TORCH, rows, workers=workers, n=n).numpy()
-    assert kernels.applies(tf_ops, [tf.constant(rows.numpy())], n, ["int16"], kernels.ACCEPTED)
-    traced = tf.function(lambda r: bf16_rows_sum(tf_ops, r, workers=workers, n=n))
-    for got in (bf16_rows_sum(tf_ops, tf.constant(rows.numpy()), workers=workers, n=n),
-                traced(tf.constant(rows.numpy()))):
-        assert got.dtype == tf.int16 and got.shape == (n,)
-        np.testing.assert_array_equal(got.numpy(), expected)
 
 
 @pytest.mark.parametrize("key_bits", [14, 16])

@@ -344,6 +344,9 @@ def test_runs_before_a_default_changed_are_named_by_what_they_ran():
     assert name(_topk_run(workload="cnn")) == {"compressor": "topk", "memory": "residual"}
     assert name(_topk_run({"memory": "momentum"})) == {"compressor": "topk"}
     assert name(_topk_run({"memory": "none"})) == {"compressor": "topk", "memory": "none"}
+    since = quality.DEFAULT_CHANGED["topk"][3]
+    on_the_date = _topk_run(finished=since)  # recorded at the change: after it
+    assert quality.as_run(on_the_date)["compression"] == '{"compressor": "topk"}'
     for same_bits in (_topk_run(finished="2026-11-30T00:42:57+00:00"), _topk_run(optimizer="adam"),
                       _topk_run(workload="lstm"), _topk_run(workload="words"),
                       _topk_run(framework="tf", loop="tape"), _topk_run(framework="ddp"),
@@ -381,6 +384,15 @@ def test_a_ddp_runs_horovod_twin_computes_the_same_bits():
     assert quality.same_bits_under_horovod({**ddp, "workload": "lstm"}) == "topk"
     assert quality.same_bits_under_horovod({**ddp, "optimizer_momentum": 0.0}) == "topk"
     assert quality.same_bits_under_horovod({**ddp, "compressor": "dgc"}) == "dgc"
+    ratio = {**ddp, "compressor": "topk(ratio=0.01)"}  # compare.label's order: given, then memory
+    assert quality.same_bits_under_horovod(ratio) == "topk(ratio=0.01, memory=residual)"
+    import json
+
+    from scripts import compare
+    assert compare.label(json.dumps({"compressor": "topk", "ratio": 0.01, "memory": "residual"})) == \
+        quality.same_bits_under_horovod(ratio)
+    plain = {**ddp, "compressor": "topk(memory=none)"}
+    assert quality.same_bits_under_horovod(plain) == "topk(memory=none)"  # its memory named
 
 
 def test_the_gaps_table_gives_each_cells_mean_its_seeds_and_its_verdict():

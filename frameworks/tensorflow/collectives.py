@@ -40,11 +40,7 @@ class HorovodCollectives(ProcessSetCollectives):
             # (the same on every worker), round once (grace.steps.bf16_rows_sum).
             rows = allgather(tf.bitcast(tf.reshape(tensor, [1, -1]), tf.int16), name=_op_name(name),
                              ignore_name_scope=True, process_set=self.process_set)
-            n = tensor.shape.num_elements()
-            # A size known only when the graph runs: the composite, whose slices take it then.
-            add = bf16_rows_sum if n is not None else bf16_rows_sum.composite
-            bits = add(_OPS, rows, workers=self.size, n=tf.size(tensor) if n is None else n)
-            return tf.reshape(tf.bitcast(bits, tf.bfloat16), tf.shape(tensor))
+            return summed_bf16(rows, tensor, self.size)
         return _allreduce(tensor, name=_op_name(name), op=hvd.Sum, ignore_name_scope=True,
                           process_set=self.process_set)
 
@@ -66,6 +62,16 @@ class HorovodCollectives(ProcessSetCollectives):
 
     def synchronize(self, handle):
         return handle
+
+
+def summed_bf16(rows, tensor, workers: int):
+    """The bfloat16 sum, shaped as ``tensor``, of the ``workers`` rows of its bits that Horovod
+    gathered (``grace.steps.bf16_rows_sum``)."""
+    n = tensor.shape.num_elements()
+    # A size known only when the graph runs: the composite, whose slices take it then.
+    add = bf16_rows_sum if n is not None else bf16_rows_sum.composite
+    bits = add(_OPS, rows, workers=workers, n=tf.size(tensor) if n is None else n)
+    return tf.reshape(tf.bitcast(bits, tf.bfloat16), tf.shape(tensor))
 
 
 def _bits_in(tensor, run):

@@ -61,9 +61,7 @@ class HorovodCollectives(ProcessSetCollectives):
             received, _ = hvd.synchronize(inner.handle if bits else inner)
             return received.view(torch.bfloat16) if bits else received
         if isinstance(handle, _SummedBits):
-            rows = hvd.synchronize(handle.handle)
-            bits = bf16_rows_sum(_OPS, rows, workers=rows.shape[0], n=rows.shape[1])
-            return bits.view(torch.bfloat16).reshape(handle.shape)
+            return summed_bf16(hvd.synchronize(handle.handle), handle.shape)
         if isinstance(handle, _AsBits):
             return hvd.synchronize(handle.handle).view(torch.bfloat16)
         return hvd.synchronize(handle)
@@ -110,6 +108,13 @@ class _Scattered:
 class _SummedBits:
     def __init__(self, handle, shape):
         self.handle, self.shape = handle, shape
+
+
+def summed_bf16(rows: torch.Tensor, shape) -> torch.Tensor:
+    """The bfloat16 sum, shaped ``shape``, of the rows of bits (int16, one per worker) that Horovod
+    gathered (``grace.steps.bf16_rows_sum``)."""
+    bits = bf16_rows_sum(_OPS, rows, workers=rows.shape[0], n=rows.shape[1])
+    return bits.view(torch.bfloat16).reshape(shape)
 
 
 def _bits_in(tensor, start):

@@ -295,8 +295,8 @@ FRAMEWORKS = {"torch": "PyTorch", "tf": "TensorFlow"}
 ROUTES = {"allreduce": "", "allgather": " gathered", "alltoall": " through the owners"}
 
 
-def _route_label(row: dict, routes: bool = True) -> str:
-    return row["compressor"] + (ROUTES[row["communicator"]] if routes else "")
+def _route_label(row: dict) -> str:
+    return row["compressor"] + ROUTES[row["communicator"]]
 
 
 def link_and_step_table(rows: list[dict]) -> str:
@@ -311,29 +311,38 @@ def link_and_step_table(rows: list[dict]) -> str:
                 f"({100 * r['bytes_error']:+.1f}%)") if "bytes_error" in r else "–"
         step_ms = (f"{r['measured_step_ms']:.0f} → {r['predicted_step_ms']:.0f} ms "
                    f"({100 * r['step_error']:+.0f}%)")
-        who = f"{FRAMEWORKS.get(r['framework'], r['framework'])} {_route_label(r, routes=False)}"
+        who = f"{FRAMEWORKS.get(r['framework'], r['framework'])} {_route_label(r)}"
         lines.append(f"| {who}, {r['workers']} workers at {r['rate']} | {link} | {step_ms} |")
     return "\n".join(lines)
 
 
 def host_error_table(rows: list[dict]) -> str:
     """The step's error with the host's share added (``predicted_with_host_ms``), a line per
-    compressor and route, a column per number of workers, the run files side by side in the
-    order given (run 1 / run 2 ...), and how many are within 25%."""
+    compressor and route (and framework and rate, where the rows hold several), a column per
+    number of workers, the run files side by side in the order given (run 1 / run 2 ...), and how
+    many are within 25%."""
     timed = [r for r in rows if "step_error_with_host" in r]
     sources = list(dict.fromkeys(r["source"] for r in timed))
     workers = sorted({r["workers"] for r in timed})
+    several_fw = len({r["framework"] for r in timed}) > 1
+    several_rates = len({r["rate"] for r in timed}) > 1
     runs = " / ".join(f"run {i + 1}" for i in range(len(sources)))
     lines = ["| + host overhead, error of the prediction | "
              + " | ".join(f"{n} workers: {runs}" for n in workers) + " |",
              "|---|" + "---:|" * len(workers)]
-    for setup in dict.fromkeys((r["compressor"], r["communicator"]) for r in timed):
+
+    def setup(r: dict) -> tuple:
+        return r["framework"], r["rate"], r["compressor"], r["communicator"]
+
+    for fw, rate, name, route in dict.fromkeys(map(setup, timed)):
         cells = []
         for n in workers:
             found = {r["source"]: r["step_error_with_host"] for r in timed
-                     if (r["compressor"], r["communicator"], r["workers"]) == (*setup, n)}
+                     if setup(r) == (fw, rate, name, route) and r["workers"] == n}
             cells.append(" / ".join(f"{100 * found[s]:+.0f}%" if s in found else "–" for s in sources))
-        label = _route_label({"compressor": setup[0], "communicator": setup[1]})
+        label = (_route_label({"compressor": name, "communicator": route})
+                 + (f", {FRAMEWORKS.get(fw, fw)}" if several_fw else "")
+                 + (f" at {rate}" if several_rates else ""))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     within = [abs(r["step_error_with_host"]) <= 0.25 for r in timed]
     lines.append("| within 25% | " + " | ".join(
