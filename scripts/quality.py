@@ -406,7 +406,18 @@ def case_target(name: str, workload: str) -> float:
     return target if is_accuracy(workload) else PERPLEXITY_TARGET[target]
 
 
-def _cases_table(names: list[str], cell) -> str:
+def _cases_table(rows: list[dict], names: list[str], show) -> str:
+    """A row per compressor at its defaults (``names``), a cell per case, PyTorch / TensorFlow:
+    ``show(name, workload, gaps, mean)`` of the cell's gaps over every seed run; – not run; ? run
+    without fp32 of the same code to compare."""
+    gaps = defaults_gaps(rows, names)
+
+    def cell(name: str, workload: str, optimizer: str, framework: str) -> str:
+        found = gaps.get((name, workload, optimizer, framework))
+        if found is None:
+            return "–"
+        return show(name, workload, found, sum(found) / len(found)) if found else "?"
+
     lines = ["| compressor | " + " | ".join(label for _, _, label in SAFETY_CASES) + " |",
              "|---|" + "---|" * len(SAFETY_CASES)]
     for name in names:
@@ -415,23 +426,16 @@ def _cases_table(names: list[str], cell) -> str:
     return "\n".join(lines)
 
 
+def _unit(workload: str) -> str:
+    return "" if is_accuracy(workload) else "%"
+
+
 def safety_markdown(rows: list[dict], names: list[str]) -> str:
     """Which models and optimizers each compressor (at its defaults: ``names``) meets its target
     on, PyTorch / TensorFlow: ✓, or ✗ with the mean gap (points below fp32; % of perplexity
     above), over every seed run; – not run; ? run without fp32 of the same code to compare."""
-    gaps = defaults_gaps(rows, names)
-
-    def cell(name: str, workload: str, optimizer: str, framework: str) -> str:
-        found = gaps.get((name, workload, optimizer, framework))
-        if found is None:
-            return "–"
-        if not found:
-            return "?"
-        mean = sum(found) / len(found)
-        return ("✓" if mean <= case_target(name, workload)
-                else f"✗ {mean:+.1f}{'' if is_accuracy(workload) else '%'}")
-
-    return _cases_table(names, cell)
+    return _cases_table(rows, names, lambda name, workload, gaps, mean: (
+        "✓" if mean <= case_target(name, workload) else f"✗ {mean:+.1f}{_unit(workload)}"))
 
 
 def gaps_markdown(rows: list[dict], names: list[str]) -> str:
@@ -439,20 +443,9 @@ def gaps_markdown(rows: list[dict], names: list[str]) -> str:
     (points below it; % of its perplexity above), PyTorch / TensorFlow, with the number of seeds
     in brackets where more than one ran and ✗ where the mean misses the target; – not run; ? run
     without fp32 of the same code to compare."""
-    gaps = defaults_gaps(rows, names)
-
-    def cell(name: str, workload: str, optimizer: str, framework: str) -> str:
-        found = gaps.get((name, workload, optimizer, framework))
-        if found is None:
-            return "–"
-        if not found:
-            return "?"
-        mean = sum(found) / len(found)
-        seeds = f" ({len(found)})" if len(found) > 1 else ""
-        miss = " ✗" if mean > case_target(name, workload) else ""
-        return f"{mean:+.2f}{'' if is_accuracy(workload) else '%'}{seeds}{miss}"
-
-    return _cases_table(names, cell)
+    return _cases_table(rows, names, lambda name, workload, gaps, mean: (
+        f"{mean:+.2f}{_unit(workload)}" + (f" ({len(gaps)})" if len(gaps) > 1 else "")
+        + (" ✗" if mean > case_target(name, workload) else "")))
 
 
 def markdown(rows: list[dict]) -> str:
