@@ -60,21 +60,19 @@ def _quality_rows(paths: list[str]) -> list[dict]:
     return quality.summarize(quality.merge([_json(p) for p in paths]))
 
 
-def _safety(paths: list[str]) -> str:
-    import grace
+def _catalogue(table: Callable[[list[dict], list[str]], str]) -> Callable[[list[str]], str]:
+    """A quality.py table of a row per compressor of the catalogue (at its defaults), from runs."""
+    def make(paths: list[str]) -> str:
+        import grace
 
-    return quality.safety_markdown(_quality_rows(paths), grace.available())
+        return table(_quality_rows(paths), grace.available())
+
+    return make
 
 
 def _validated(paths: list[str]) -> list[dict]:
     """The cost model set against the runs (``cost_model --validate``), with make bench's codecs."""
     return cost_model.validate(paths, cost_model.codecs())
-
-
-def _gaps(paths: list[str]) -> str:
-    import grace
-
-    return quality.gaps_markdown(_quality_rows(paths), grace.available())
 
 
 def _compare_rows(paths: list[str]) -> list[dict]:
@@ -134,10 +132,12 @@ TABLES: dict[str, Table] = {
     "quality.followed": Table(lambda p: quality.followed_markdown(_quality_rows(p)),
                               "quality.py's run files of --epochs above the benchmark's: gaps at "
                               "its length and at the end"),
-    "quality.safety": Table(_safety, "quality.py's run files: a row per compressor of the "
-                                     "catalogue, a cell per case and framework"),
-    "quality.gaps": Table(_gaps, "quality.py's run files: the safety table's figures, each "
-                                 "compressor's mean gap per case and framework"),
+    "quality.safety": Table(_catalogue(quality.safety_markdown),
+                            "quality.py's run files: a row per compressor of the catalogue, a cell "
+                            "per case and framework"),
+    "quality.gaps": Table(_catalogue(quality.gaps_markdown),
+                          "quality.py's run files: the safety table's figures, each compressor's "
+                          "mean gap per case and framework"),
     "time_to_accuracy": Table(lambda p: tta.markdown(tta.summarize(compare.read_runs(p))),
                               "time_to_accuracy.py's results.json"),
     "ddp_hooks": Table(lambda p: bench_ddp_hooks.markdown(_json(*p)),

@@ -166,8 +166,7 @@ def learning_rate(name: str, workload: str, optimizer: str) -> float | None:
     model: the LSTM's is ``workloads.LSTM["sign_lr"]``), else the workload's (``None``)."""
     if name not in SIGN_METHODS:
         return None
-    cfg = {"mnist": workloads.MNIST, "cnn": workloads.CNN, "lstm": workloads.LSTM,
-           "words": workloads.WORDS}.get(workload, {})
+    cfg = WORKLOADS.get(workload, {})
     if "sign_lr" in cfg:
         return cfg["sign_lr"]
     momentum = cfg.get("momentum", 0.0) if optimizer == "sgd" else 0.0  # the image models' SGD
@@ -325,7 +324,7 @@ def summarize(results: list[dict]) -> list[dict]:
         if final is not None and ref is not None:
             if is_accuracy(r["workload"]):
                 row["gap"] = round(100 * (ref - final), 2)  # accuracy points below fp32
-                row["target"] = TARGET_POINTS.get(name, DEFAULT_TARGET)
+                row["target"] = case_target(name, r["workload"])
                 row["met"] = name == "fp32" or row["gap"] <= row["target"]
             else:
                 row["gap"] = round(100 * (final / ref - 1), 2)  # % of fp32's perplexity above it

@@ -45,7 +45,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from scripts import ROOT, plots, workloads
+from scripts import ROOT, compare, plots, workloads
 
 BENCH = os.path.join(ROOT, "data", "performance", "bench.json")
 RATES = {"100mbit": 100e6 / 8, "1gbit": 1e9 / 8, "10gbit": 10e9 / 8, "100gbit": 100e9 / 8}
@@ -291,7 +291,6 @@ def validation_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-FRAMEWORKS = {"torch": "PyTorch", "tf": "TensorFlow"}
 ROUTES = {"allreduce": "", "allgather": " gathered", "alltoall": " through the owners"}
 
 
@@ -311,7 +310,7 @@ def link_and_step_table(rows: list[dict]) -> str:
                 f"({100 * r['bytes_error']:+.1f}%)") if "bytes_error" in r else "–"
         step_ms = (f"{r['measured_step_ms']:.0f} → {r['predicted_step_ms']:.0f} ms "
                    f"({100 * r['step_error']:+.0f}%)")
-        who = f"{FRAMEWORKS.get(r['framework'], r['framework'])} {_route_label(r)}"
+        who = f"{compare.FRAMEWORK_NAMES.get(r['framework'], r['framework'])} {_route_label(r)}"
         lines.append(f"| {who}, {r['workers']} workers at {r['rate']} | {link} | {step_ms} |")
     return "\n".join(lines)
 
@@ -341,7 +340,7 @@ def host_error_table(rows: list[dict]) -> str:
                      if setup(r) == (fw, rate, name, route) and r["workers"] == n}
             cells.append(" / ".join(f"{100 * found[s]:+.0f}%" if s in found else "–" for s in sources))
         label = (_route_label({"compressor": name, "communicator": route})
-                 + (f", {FRAMEWORKS.get(fw, fw)}" if several_fw else "")
+                 + (f", {compare.FRAMEWORK_NAMES.get(fw, fw)}" if several_fw else "")
                  + (f" at {rate}" if several_rates else ""))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     within = [abs(r["step_error_with_host"]) <= 0.25 for r in timed]
