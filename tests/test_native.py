@@ -262,6 +262,41 @@ def test_bf16_rows_sum_rounds_as_the_composite_code(n, workers, loop_calls):
         native.bf16_rows_sum(np.zeros(9, np.int16), 2, 5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("factor", [1.0, 0.5, 1 / 3])
+def test_a_16_bit_sum_widens_into_its_gradient_as_a_cast_and_a_product(dtype, factor, monkeypatch):
+    """``TorchOps.scale_into`` of a 16-bit sum into a float32 tensor (fp16's and bf16's results,
+    written into a DDP bucket or a gradient) runs the one-pass loop, and gives, for every one of the
+    65,536 bit patterns, the bits of a cast and then a product in float32 (NaNs included); the C
+    loop's portable conversion (what runs without F16C, and on a range's last elements) gives them
+    too, run on ranges of 7 elements where the vector loop never starts."""
+    calls = []
+    widen = native.widen_scaled_into
+    monkeypatch.setattr(native, "widen_scaled_into", lambda *a: calls.append(a[1:3]) or widen(*a))
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    x = bits.view(dtype)
+    expected = x.float() * factor if factor != 1.0 else x.float()
+    out = torch.full((bits.numel(),), 7.0)
+    assert TORCH.scale_into(x, factor, out) is out
+    assert calls == [(dtype == torch.bfloat16, factor)]
+    assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
+    assert out.isnan().sum() == (2046 if dtype == torch.float16 else 254)  # every NaN pattern
+    portable = np.full(bits.numel(), 7.0, np.float32)
+    ranges = [(start, min(7, bits.numel() - start)) for start in range(0, bits.numel(), 7)]
+    native.run(native.WIDEN_SCALED, bits.numel(), [bits.numpy()], [portable],
+               {"brain": int(dtype == torch.bfloat16), "factor": factor}, ranges=ranges)
+    np.testing.assert_array_equal(portable.view(np.int32), expected.view(torch.int32).numpy())
+    # Below MIN_NUMEL the composite code runs: the same values (torch's own scalar loop may give a
+    # NaN another payload than its vector loop does, so NaNs are compared as NaNs there).
+    small = torch.full((10,), 7.0)
+    TORCH.scale_into(x[31740:31750], factor, small)  # half's largest, -inf and NaNs among them
+    assert len(calls) == 1 and torch.equal(small.isnan(), expected[31740:31750].isnan())
+    finite = ~small.isnan()
+    assert torch.equal(small[finite].view(torch.int32), expected[31740:31750][finite].view(torch.int32))
+    with pytest.raises(ValueError, match="out: a contiguous float32 array of 4 elements, got float64 of 4"):
+        native.widen_scaled_into(np.zeros(4, np.int16), False, 1.0, np.zeros(4))
+
+
 def test_tensorflow_sums_gathered_bf16_bits_through_the_loop_eagerly_and_in_a_graph(loop_calls):
     """TensorFlow's bfloat16 sum (its adapter's allreduce, Horovod gathering the bits) takes the
     same loop, through tf.numpy_function in a traced graph, and gives torch's bits; a tensor whose

@@ -11,6 +11,9 @@ from grace import kernels, native
 from grace.ops import THIN_COLUMNS, HostAccess, Ops, index_dtype, unpack_table
 from grace.rng import UNIFORM_SCALE, counter_uniform_bits
 
+_HALVES = (torch.float16, torch.bfloat16)
+"""The 16-bit floats whose sums ``scale_into`` widens into float32 with grace/native's loop."""
+
 
 def _numpy_float(x: torch.Tensor) -> bool:
     """Whether numpy's sort and selection can take ``x`` in place of torch's (a float32 or float64
@@ -172,6 +175,14 @@ class TorchOps(Ops):
                     and x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr())):
             return super().scale_into(x, factor, out)
         flat, x = out.view(-1), x.reshape(-1)
+        if (x.dtype in _HALVES and out.dtype == torch.float32
+                and x.untyped_storage().data_ptr() != out.untyped_storage().data_ptr()
+                and kernels.applies(self, [x, out], numel=x.numel(), dtypes=[])):
+            # The cast and the product in one pass over the float32 tensor instead of two (fp16's
+            # and bf16's sums decoded into a DDP bucket or a gradient): the same bits.
+            native.widen_scaled_into(x.view(torch.int16).numpy(), x.dtype == torch.bfloat16,
+                                     factor, flat.numpy())
+            return out
         if x.dtype != out.dtype:  # a cast, then the product in out's dtype: scale's bits
             flat.copy_(x)
             x = flat

@@ -428,6 +428,8 @@ UNPACK_VALUES = Loop("grace_unpack_values", (In(0), Param("bits", INT), START, C
 SUMS = Loop("grace_sums", (In(0), START, COUNT, Row(0)))
 SCALED_SUM = Loop("grace_scaled_sum", (In(0), Param("alpha"), In(1), Param("beta"), START, COUNT,
                                        Out(0)))
+WIDEN_SCALED = Loop("grace_widen_scaled", (In(0), Param("brain", INT32), Param("factor"), START, COUNT,
+                                           Out(0)))
 BF16_ROWS_SUM = Loop("grace_bf16_rows_sum", (In(0), Param("workers", _I64), Param("n", _I64), START,
                                              COUNT, Out(0)))
 COUNT_ABOVE = Loop("grace_count_above", (In(0), START, COUNT, Param("threshold")), _I64)
@@ -513,6 +515,18 @@ def bf16_rows_sum(rows: np.ndarray, workers: int, n: int) -> np.ndarray:
         raise ValueError(f"rows: {workers} rows of {n} elements are {workers * n}, got {rows.size}")
     out = _empty(n, np.int16)
     run(BF16_ROWS_SUM, n, [rows], [out], {"workers": workers, "n": n})
+    return out
+
+
+def widen_scaled_into(bits: np.ndarray, brain: bool, factor: float, out: np.ndarray) -> np.ndarray:
+    """``out`` (contiguous float32, written in place) holding the 16-bit floats given as their bits
+    (``bits``: int16 or uint16; bfloat16 where ``brain``, else IEEE half) widened and multiplied by
+    ``factor`` in float32: the bits of a cast and then a product, in one pass."""
+    if bits.size != out.size or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"out: a contiguous float32 array of {bits.size} elements, got "
+                         f"{out.dtype} of {out.size}{'' if out.flags.c_contiguous else ', strided'}")
+    run(WIDEN_SCALED, bits.size, [np.ascontiguousarray(bits)], [out],
+        {"brain": int(brain), "factor": factor})
     return out
 
 

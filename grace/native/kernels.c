@@ -524,6 +524,49 @@ int64_t grace_choose(uint32_t k0, uint32_t k1, int64_t n, int64_t m, int complem
     return 0;
 }
 
+/* A 16-bit float widened to float32, exactly: a bfloat16 is the top half of a float32; an IEEE half
+ * has 5 exponent bits (bias 15) and 10 of mantissa, its subnormals m * 2^-24 (exact in float32). The
+ * portable conversion, where F16C is not built in, and for a range's last elements. */
+static inline float widen_half(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
+    if (exponent == 0x1fu)  /* infinity, or a NaN made quiet (as F16C's conversion and torch's do) */
+        return float_of(sign | 0x7f800000u | (mantissa << 13) | (mantissa ? 0x400000u : 0u));
+    if (exponent == 0) {
+        float magnitude = (float)mantissa * 0x1p-24f;
+        return sign ? -magnitude : magnitude;
+    }
+    return float_of(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+/* Elements [start, start + n) of `out` (float32): the 16-bit floats `x` (bfloat16 where `brain`,
+ * else IEEE half, as their bits) widened and multiplied by `factor` in float32, in one pass: the
+ * bits of a cast and then a product (frameworks/torch/ops.py: scale_into), which take two passes
+ * over the float32 tensor. A factor of 1 multiplies nothing (a NaN's payload stays as a cast
+ * leaves it). */
+void grace_widen_scaled(const uint16_t *x, int32_t brain, float factor, int64_t start, int64_t n,
+                        float *out) {
+    int64_t i = start, end = start + n;
+    int scaled = factor != 1.0f;
+    if (brain) {
+        for (; i < end; i++) {
+            float v = float_of((uint32_t)x[i] << 16);
+            out[i] = scaled ? v * factor : v;
+        }
+        return;
+    }
+#if defined(__F16C__) && defined(__AVX__)
+    __m256 f = _mm256_set1_ps(factor);
+    for (; i + 8 <= end; i += 8) {
+        __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
+        _mm256_storeu_ps(out + i, scaled ? _mm256_mul_ps(v, f) : v);
+    }
+#endif
+    for (; i < end; i++) {
+        float v = widen_half(x[i]);
+        out[i] = scaled ? v * factor : v;
+    }
+}
+
 /* The sum over `workers` rows of bfloat16 bits (rows of `stride` elements, in rank order), in
  * float32, rounded once to bfloat16 to nearest, ties to even, a NaN as the quiet NaN 0x7fc0:
  * elements [start, start + n) of `out`. A bfloat16 is the top half of a float32, so widening is a
