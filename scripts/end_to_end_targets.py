@@ -98,6 +98,14 @@ class AtLeast:
 
 Target = OfAlone | AtLeast
 
+WORKLOAD = "resnet50"
+"""The workload the targets are of; a run's other workloads (the exchange alone) are not judged."""
+
+ENGINES_JUDGED = ("torch", "tf")
+"""The frameworks the targets are of: Horovod's, in PyTorch and TensorFlow. A run that also holds
+DDP's rows (``compare.py --engines horovod,ddp``) gives its Horovod rows; DDP's own targets are
+those of docs/ddp.md."""
+
 # The targets of issue 43 (2 emulated hosts, ResNet-50, one core per worker), in its words.
 TARGETS: tuple[Target, ...] = (
     OfAlone("1gbit", ("topk(ratio=0.01)", "dgc", "powersgd(rank=2)"), 0.90),
@@ -118,6 +126,7 @@ def rows_of(runs_by_file: Sequence[list[dict]]) -> tuple[Rows, list[str]]:
         medians = compare.medians(runs)
         limits = compare.alone_limits(medians)
         found = [r for r in medians if r["rate"] != compare.ALONE and r["status"] == "ok"
+                 and r["workload"] == WORKLOAD and r["framework"] in ENGINES_JUDGED
                  and (r["workload"], r["framework"]) in limits]
         for r in found:
             per = r["samples_per_s"] / r["workers"]

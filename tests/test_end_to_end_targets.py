@@ -116,3 +116,20 @@ def test_a_comparison_is_within_one_run_and_failed_or_unanchored_rows_are_left_o
     unanchored = [run("tf", grace_spec("bf16"), "1gbit", 10.0)]  # no one worker alone in its file
     rows, _ = rows_of([first, third, unanchored])
     assert rows[("tf", "1gbit", "bf16")].per_worker == 20.0  # neither replaced the first's row
+
+
+def test_a_run_with_ddp_and_the_exchange_gives_only_horovods_resnet50_rows():
+    """A ``compare.py --engines horovod,ddp --workloads exchange,resnet50`` file: DDP's rows are not
+    judged (its targets are docs/ddp.md's), nor the exchange's (another workload, whose rows
+    would otherwise replace ResNet-50's of the same compression)."""
+    runs = [alone("torch", 50.0), run("torch", grace_spec("fp16"), "1gbit", 60.0),  # 30 per worker
+            run("torch", "hvd-fp16", "1gbit", 58.0),
+            run("ddp", grace_spec("fp16"), "1gbit", 40.0), run("ddp", "hvd-fp16", "1gbit", 90.0),
+            {**alone("torch", 900.0), "workload": "exchange"},
+            {**run("torch", grace_spec("fp16"), "1gbit", 20.0), "workload": "exchange"}]
+    rows, frameworks = rows_of([runs])
+    assert frameworks == ["torch"]
+    assert set(rows) == {("torch", "1gbit", "fp16"), ("torch", "1gbit", "hvd-fp16")}
+    assert rows[("torch", "1gbit", "fp16")].of_alone == 30.0 / 50.0
+    measured, judged = AtLeast("1gbit", ("fp16",), than="hvd-fp16").judge(rows, frameworks)
+    assert measured == "PyTorch: fp16 30.0 against 29.0" and verdict(judged) == "yes"
