@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from scripts import compare, end_to_end_targets, quality
 from scripts import time_to_accuracy as tta
 from scripts.studies import convergence_bars, simulation_records
-from scripts.tools import bench_compressors, bench_ddp_hooks, cost_model, ddp_hook_time
+from scripts.tools import bench_compressors, bench_ddp_hooks, cost_model, ddp_hook_time, plot_routes
 
 ROOT = compare.ROOT
 RUNS = "data"  # the recorded runs, one folder per study, with what the tools made of them
@@ -154,6 +154,13 @@ TABLES: dict[str, Table] = {
     "simulation": Table(lambda p: simulation_records.markdown(_json(*p)),
                         "a simulation study's record: runs of scripts/studies/simulate_mnist.py "
                         "kept in one JSON file"),
+    "simulation.against_gathering": Table(
+        lambda p: simulation_records.against_gathering(_json(*p)),
+        "a simulation study's record of routes: each against gathering at the same seed"),
+    "routes.seeds": Table(lambda p: plot_routes.seeds_table(plot_routes.seed_differences(
+        [run for path in p for run in _json(path)])),
+        "compare.py results.json files of one compressor by several routes and seeds: each route "
+        "against the first at the same seed"),
     "ddp_hooks.compare": Table(lambda p: bench_ddp_hooks.comparison(*map(_json, p)),
                                "two --json files of bench_ddp_hooks.py: before, after"),
 }

@@ -33,3 +33,13 @@ def test_each_route_is_set_against_the_first_route_of_its_own_seed(tmp_path):
     assert "| onebit | communicator=alltoall, owner_bits=2 | 2 | -1.00 / -1.00 | **-1.00** |" in table
     plot_routes.plot_seeds(diffs, str(tmp_path / "seeds.png"))
     assert (tmp_path / "seeds.png").stat().st_size > 10_000
+
+
+def test_a_route_with_no_seed_of_the_first_route_has_no_row():
+    """A route whose seeds the first route never ran (a file whose gathered runs name their
+    communicator where the first file's do not) is left out of the table, not a mean of nothing."""
+    runs = [run("allgather", 0, [0.8, 0.8, 0.8]), run("alltoall", 0, [0.8, 0.8, 0.9]),
+            run("alltoall", 1, [0.8, 0.8, 0.8], owner_bits=2)]
+    table = plot_routes.seeds_table(plot_routes.seed_differences(runs))
+    assert table.count("| onebit |") == 1
+    assert "| onebit | communicator=alltoall | 1 | +10.00 | **+10.00** | +3.33 | **+3.33** |" in table

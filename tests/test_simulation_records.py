@@ -64,3 +64,45 @@ def test_runs_of_different_lengths_say_so():
                        {"spec": "b", "seed": 0, "accuracy": [0.3]}]}
     assert simulation_records.markdown(record).splitlines()[0] == (
         "| set-up (final test accuracy after 1/2 passes, as each set-up ran) | seed 0 |")
+
+
+def test_routes_are_set_against_the_gathered_run_of_their_own_compressor_workers_and_seed():
+    """Worked by hand: each route's final (and last-3 mean) less the gathered run's of the same
+    compressor, parameters but the route's, workers and seed, in points; a measured figure
+    (``owner_entries_vs_fixed_k``) does not split a set-up; the gathered runs give their finals."""
+    def run(spec, seed, accuracy, workers=4, **extra):
+        return {"spec": spec, "workers": workers, "seed": seed, "accuracy": accuracy, **extra}
+
+    record = {"runs": [
+        run("fp32", 0, [0.5, 0.5, 0.9]),  # no route: not in the table
+        run("topk:ratio=0.01;communicator=allgather", 0, [0.80, 0.82, 0.84]),
+        run("topk:ratio=0.01;communicator=allgather", 1, [0.70, 0.80, 0.90]),
+        run("topk:ratio=0.01;communicator=allgather", 0, [0.6, 0.6, 0.6], workers=8),
+        run("topk:ratio=0.01;communicator=alltoall", 0, [0.81, 0.81, 0.81]),
+        run("topk:ratio=0.01;communicator=alltoall", 0, [0.5, 0.5, 0.7], workers=8),
+        run("topk:ratio=0.01;owner_ratio=0.02;communicator=alltoall", 1, [0.70, 0.80, 0.93]),
+        run("topk:ratio=0.01;communicator=alltoall", 0, [0.8, 0.8, 0.8], variant="patched",
+            owner_entries_vs_fixed_k=0.9),
+        run("topk:ratio=0.01;communicator=alltoall", 1, [0.8, 0.8, 0.8], variant="patched",
+            owner_entries_vs_fixed_k=0.8),
+    ]}
+    table = simulation_records.against_gathering(record).split("\n")
+    assert table[0] == ("| set-up, against gathering at the same seed: final (last 3 passes), points "
+                        "| seed 0 | seed 1 | mean |")
+    assert table[1:] == [
+        "|---|---:|---:|---:|",
+        "| topk:ratio=0.01;communicator=allgather, workers 4 (final accuracy) | 0.8400 | 0.9000 | – |",
+        "| topk:ratio=0.01;communicator=allgather, workers 8 (final accuracy) | 0.6000 |  | – |",
+        # 0.81 - 0.84 = -3 points; last 3: 0.81 - 0.82 = -1
+        "| topk:ratio=0.01;communicator=alltoall, workers 4 | -3.00 (-1.00) |  | **-3.00** (-1.00) |",
+        # 0.7 - 0.6; (0.5 + 0.5 + 0.7) / 3 - 0.6
+        "| topk:ratio=0.01;communicator=alltoall, workers 8 | +10.00 (-3.33) |  | **+10.00** (-3.33) |",
+        "| topk:ratio=0.01;owner_ratio=0.02;communicator=alltoall, workers 4 |  | +3.00 (+1.00) "
+        "| **+3.00** (+1.00) |",
+        # seed 0: -4 (-2); seed 1: -10 (0): mean -7 (-1)
+        "| topk:ratio=0.01;communicator=alltoall, patched, workers 4 | -4.00 (-2.00) | -10.00 (+0.00) "
+        "| **-7.00** (-1.00) |",
+    ]
+    record["runs"].append(run("dgc:communicator=alltoall", 0, [0.8]))
+    with pytest.raises(ValueError, match="no gathered run beside 'dgc:communicator=alltoall' at seed 0"):
+        simulation_records.against_gathering(record)

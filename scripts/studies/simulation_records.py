@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-NOT_THE_SETUP = ("seed", "accuracy", "note")
+NOT_THE_SETUP = ("seed", "accuracy", "note", "owner_entries_vs_fixed_k")
+"""What a run records that is not its set-up: its seed, what it measured, a note."""
 NAMES = ("spec", "variant")  # the set-up's own name, written first
 
 
@@ -60,4 +61,78 @@ def markdown(record: dict) -> str:
             mean = sum(by_seed.values()) / len(by_seed)
             cells.append(f"**{mean:.4f}**" if len(by_seed) > 1 else "")
         lines.append(f"| {setup.replace('|', '/')} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+GATHERED = "allgather"
+"""The communicator of the route the others are measured against."""
+
+
+def _route_of(spec: str) -> tuple[str, dict]:
+    """A spec's compressor and parameters (``topk:ratio=0.01;communicator=alltoall``)."""
+    name, _, rest = spec.partition(":")
+    return name, dict(part.split("=", 1) for part in rest.split(";") if part)
+
+
+def _counterpart(run: dict) -> tuple | None:
+    """What identifies the gathered run a run is measured against: the compressor, its parameters
+    but the route's own (``communicator``, an owner's ``owner_*``), the workers and the seed."""
+    name, params = _route_of(run["spec"])
+    if "communicator" not in params:
+        return None
+    kept = tuple(sorted((k, v) for k, v in params.items()
+                        if k != "communicator" and not k.startswith("owner_")))
+    return name, kept, run.get("workers"), run.get("seed", 0)
+
+
+def _final_and_last3(run: dict) -> tuple[float, float]:
+    accuracy = run["accuracy"]
+    return accuracy[-1], sum(accuracy[-3:]) / len(accuracy[-3:])
+
+
+def against_gathering(record: dict) -> str:
+    """The record's routes against gathering, in points: for each set-up that names a communicator
+    other than ``allgather``, the difference of its final test accuracy (and, in brackets, of the
+    mean of the last 3 passes) to the gathered run of the same compressor, parameters, workers and
+    seed, per seed, and the mean over its seeds; the gathered runs' own finals in the first rows."""
+    runs = record["runs"]
+    keys = {key for run in runs for key in run if key not in NOT_THE_SETUP and key not in NAMES}
+    varying = {key for key in keys if len({repr(run.get(key)) for run in runs}) > 1}
+    gathered = {}
+    for run in runs:
+        key = _counterpart(run)
+        if key is not None and _route_of(run["spec"])[1]["communicator"] == GATHERED \
+                and run.get("variant") is None:
+            if key in gathered:
+                raise ValueError(f"two gathered runs of {run['spec']!r} at seed {key[-1]} in the record")
+            gathered[key] = run
+    rows: dict[str, dict[int, tuple[float, float] | None]] = {}
+    for run in runs:
+        key = _counterpart(run)
+        if key is None:
+            continue
+        by_seed = rows.setdefault(setup_of(run, varying), {})
+        if run in gathered.values():
+            by_seed[key[-1]] = None  # the reference itself: its final accuracy
+            continue
+        if key not in gathered:
+            raise ValueError(f"no gathered run beside {run['spec']!r} at seed {key[-1]} in the record")
+        mine, theirs = _final_and_last3(run), _final_and_last3(gathered[key])
+        by_seed[key[-1]] = (100 * (mine[0] - theirs[0]), 100 * (mine[1] - theirs[1]))
+    seeds = sorted({seed for by_seed in rows.values() for seed in by_seed})
+    lines = ["| set-up, against gathering at the same seed: final (last 3 passes), points | "
+             + " | ".join(f"seed {seed}" for seed in seeds) + " | mean |",
+             "|---|" + "---:|" * (len(seeds) + 1)]
+    for setup, by_seed in rows.items():
+        if all(v is None for v in by_seed.values()):
+            key_runs = {_counterpart(r)[-1]: r for r in gathered.values() if setup_of(r, varying) == setup}
+            cells = [f"{key_runs[s]['accuracy'][-1]:.4f}" if s in key_runs else "" for s in seeds]
+            lines.append(f"| {setup.replace('|', '/')} (final accuracy) | " + " | ".join(cells) + " | – |")
+            continue
+        cells = [f"{v[0]:+.2f} ({v[1]:+.2f})" if v is not None else "" for v in
+                 (by_seed.get(s) for s in seeds)]
+        values = [v for v in by_seed.values() if v is not None]
+        mean = (sum(v[0] for v in values) / len(values), sum(v[1] for v in values) / len(values))
+        lines.append(f"| {setup.replace('|', '/')} | " + " | ".join(cells)
+                     + f" | **{mean[0]:+.2f}** ({mean[1]:+.2f}) |")
     return "\n".join(lines)

@@ -120,6 +120,8 @@ def seeds_table(diffs: dict) -> str:
              "|---|---|---:|---|---:|---|---:|"]
     for name, routes in diffs.items():
         for how, by_seed in routes.items():
+            if not by_seed:  # no run of the first route at its seeds: nothing to set against
+                continue
             finals = [v[0] for v in by_seed.values()]
             lasts = [v[1] for v in by_seed.values()]
             lines.append(f"| {name} | {how} | {len(by_seed)} | {' / '.join(f'{v:+.2f}' for v in finals)} | "
