@@ -36,8 +36,9 @@ def test_each_route_is_set_against_the_first_route_of_its_own_seed(tmp_path):
 
 
 def test_a_route_with_no_seed_of_the_first_route_has_no_row():
-    """A route whose seeds the first route never ran (a file whose gathered runs name their
-    communicator where the first file's do not) is left out of the table, not a mean of nothing."""
+    """A route whose seeds the first route never ran (here owner_bits=2 at seed 1; in the docs, a
+    file whose gathered runs name their communicator beside one whose runs do not) is left out of
+    the table, not a mean of nothing."""
     runs = [run("allgather", 0, [0.8, 0.8, 0.8]), run("alltoall", 0, [0.8, 0.8, 0.9]),
             run("alltoall", 1, [0.8, 0.8, 0.8], owner_bits=2)]
     table = plot_routes.seeds_table(plot_routes.seed_differences(runs))

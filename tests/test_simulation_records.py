@@ -75,7 +75,10 @@ def test_routes_are_set_against_the_gathered_run_of_their_own_compressor_workers
 
     record = {"runs": [
         run("fp32", 0, [0.5, 0.5, 0.9]),  # no route: not in the table
-        run("topk:ratio=0.01;communicator=allgather", 0, [0.80, 0.82, 0.84]),
+        # four passes, its best not its last: the final is the last, the last 3 the last three
+        run("topk:ratio=0.01;communicator=allgather", 0, [0.95, 0.80, 0.82, 0.84]),
+        # a patched gathered run is not the reference of the unpatched ones
+        run("topk:ratio=0.01;communicator=allgather", 1, [0.1, 0.1, 0.1], variant="patched"),
         run("topk:ratio=0.01;communicator=allgather", 1, [0.70, 0.80, 0.90]),
         run("topk:ratio=0.01;communicator=allgather", 0, [0.6, 0.6, 0.6], workers=8),
         run("topk:ratio=0.01;communicator=alltoall", 0, [0.81, 0.81, 0.81]),
@@ -92,6 +95,9 @@ def test_routes_are_set_against_the_gathered_run_of_their_own_compressor_workers
     assert table[1:] == [
         "|---|---:|---:|---:|",
         "| topk:ratio=0.01;communicator=allgather, workers 4 (final accuracy) | 0.8400 | 0.9000 | – |",
+        # a variant of gathering is measured against gathering: 0.1 - 0.9; 0.1 - 0.8
+        "| topk:ratio=0.01;communicator=allgather, patched, workers 4 |  | -80.00 (-70.00) "
+        "| **-80.00** (-70.00) |",
         "| topk:ratio=0.01;communicator=allgather, workers 8 (final accuracy) | 0.6000 |  | – |",
         # 0.81 - 0.84 = -3 points; last 3: 0.81 - 0.82 = -1
         "| topk:ratio=0.01;communicator=alltoall, workers 4 | -3.00 (-1.00) |  | **-3.00** (-1.00) |",
@@ -103,6 +109,10 @@ def test_routes_are_set_against_the_gathered_run_of_their_own_compressor_workers
         "| topk:ratio=0.01;communicator=alltoall, patched, workers 4 | -4.00 (-2.00) | -10.00 (+0.00) "
         "| **-7.00** (-1.00) |",
     ]
+    twice = {"runs": record["runs"] + [run("topk:ratio=0.01;communicator=allgather", 1, [0.5])]}
+    with pytest.raises(ValueError, match="two gathered runs of 'topk:ratio=0.01;communicator=allgather' "
+                                         "at seed 1"):
+        simulation_records.against_gathering(twice)
     record["runs"].append(run("dgc:communicator=alltoall", 0, [0.8]))
     with pytest.raises(ValueError, match="no gathered run beside 'dgc:communicator=alltoall' at seed 0"):
         simulation_records.against_gathering(record)
