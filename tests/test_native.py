@@ -4,6 +4,7 @@ several (the loops split large tensors between threads) and are not multiples of
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import subprocess
@@ -288,8 +289,22 @@ def test_a_16_bit_sum_widens_into_its_gradient_as_a_cast_and_a_product(dtype, fa
     np.testing.assert_array_equal(portable.view(np.int32), expected.view(torch.int32).numpy())
     # Below MIN_NUMEL the composite code runs: the same values (torch's own scalar loop may give a
     # NaN another payload than its vector loop does, so NaNs are compared as NaNs there).
+    # The vector loop from a range that starts mid-tensor, over a length not a multiple of 8, writes
+    # its elements and nothing past them.
+    padded = np.full(bits.numel() + 8, 7.0, np.float32)
+    native.run(native.WIDEN_SCALED, bits.numel(), [bits.numpy()], [padded],
+               {"brain": int(dtype == torch.bfloat16), "factor": factor},
+               ranges=[(0, 13), (13, bits.numel() - 13 - 5), (bits.numel() - 5, 5)])
+    np.testing.assert_array_equal(padded[:-8].view(np.int32), expected.view(torch.int32).numpy())
+    assert (padded[-8:] == 7.0).all()
+    # A sum in the memory it is to be widened into becomes a new tensor, not a cast over itself.
+    shared = torch.zeros(1 << 14)
+    shared.view(dtype)[: 1 << 14] = x[: 1 << 14]
+    got = TORCH.scale_into(shared.view(dtype)[: 1 << 14], factor, shared)
+    assert len(calls) == 1 and got is not shared
+    assert torch.equal(got.view(torch.int32), expected[: 1 << 14].view(torch.int32))
     small = torch.full((10,), 7.0)
-    TORCH.scale_into(x[31740:31750], factor, small)  # half's largest, -inf and NaNs among them
+    TORCH.scale_into(x[31740:31750], factor, small)  # fp16: its largest, -inf and NaNs
     assert len(calls) == 1 and torch.equal(small.isnan(), expected[31740:31750].isnan())
     finite = ~small.isnan()
     assert torch.equal(small[finite].view(torch.int32), expected[31740:31750][finite].view(torch.int32))
@@ -321,6 +336,66 @@ def test_tensorflow_sums_gathered_bf16_bits_through_the_loop_eagerly_and_in_a_gr
         assert loop_calls["bf16_rows_sum"] - before == calls
         assert got.dtype == tf.bfloat16 and got.shape == (n,)
         np.testing.assert_array_equal(tf.bitcast(got, tf.int16).numpy(), expected)
+
+
+def test_tensorflows_bfloat16_casts_and_16_bit_sums_take_the_loops_with_tensorflows_bits(monkeypatch):
+    """TensorFlow's casts between float32 and bfloat16 (bf16's encoding and decoding) and its
+    16-bit sums widened and scaled (fp16's and bf16's ``scale_into``) run grace/native's loops,
+    eagerly and in a traced graph, with ``tf.cast``'s bits: every bfloat16 pattern widened; float32
+    rounded at ties, across subnormals, at overflow, and NaNs of either sign; a size a graph knows
+    only when it runs, and a small tensor, go to TensorFlow's own ops. Every float16 and bfloat16
+    pattern widened and scaled gives IEEE float32's product, which is TensorFlow's but where its
+    flush-to-zero makes a subnormal product 0."""
+    import tensorflow as tf
+
+    from frameworks.tensorflow.ops import TensorFlowOps
+
+    ops = TensorFlowOps()
+    calls = collections.Counter()
+    for name in ("bf16_round", "widen_scaled"):
+        loop = getattr(native, name)
+        monkeypatch.setattr(native, name, lambda *a, _n=name, _l=loop: calls.update([_n]) or _l(*a))
+    every = tf.constant(np.arange(-(1 << 15), 1 << 15).astype(np.int16))
+    g = np.random.default_rng(5)
+    x = (g.standard_normal(1 << 17) * np.exp2(g.integers(-140, 120, 1 << 17))).astype(np.float32)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1e-45, -3e-39, 3.4e38,
+                         np.float32(1 + 2.0**-8), np.float32(1 + 3 * 2.0**-8), 3.3961776e38], np.float32)
+    x[:specials.size] = specials
+    # NaNs with payloads, signalling and not, of either sign, each to 0x7fc0 (rounding their bits
+    # would give an infinity or -0)
+    payloads = np.array([0x7F800001, 0x7FFFFFFF, 0xFF800001, 0xFFBFFFFF, 0x7FC0FFFF], np.uint32)
+    x[specials.size:specials.size + payloads.size] = payloads.view(np.float32)
+    x = tf.constant(x)
+
+    def bits(t):
+        return tf.bitcast(t, tf.int16 if t.dtype.size == 2 else tf.int32).numpy()
+
+    traced = tf.function(lambda t, d: ops.cast(t, d), reduce_retracing=True)
+    for cast in (ops.cast, lambda t, d: traced(t, d)):
+        np.testing.assert_array_equal(bits(cast(x, "bfloat16")), bits(tf.cast(x, tf.bfloat16)))
+        wide = tf.bitcast(every, tf.bfloat16)
+        np.testing.assert_array_equal(bits(cast(wide, "float32")), bits(tf.cast(wide, tf.float32)))
+    assert calls == {"bf16_round": 2, "widen_scaled": 2}
+    for dtype in (tf.float16, tf.bfloat16):
+        half = tf.bitcast(every, dtype)
+        widened = tf.cast(half, tf.float32)  # exact: the same bits either way (above)
+        expected = widened.numpy() * np.float32(1 / 3)  # IEEE float32, as torch and the loop
+        got = ops.scale_into(half, 1 / 3, tf.zeros([every.shape[0]])).numpy()
+        assert np.array_equal(np.isnan(got), np.isnan(expected))
+        finite = ~np.isnan(expected)
+        np.testing.assert_array_equal(got[finite].view(np.int32), expected[finite].view(np.int32))
+        # TensorFlow's own product flushes a subnormal result to zero (its CPU threads run with
+        # flush-to-zero); everywhere else it gives the loop's bits.
+        own = (widened * tf.constant(1 / 3, tf.float32)).numpy()
+        differ = finite & (own.view(np.int32) != got.view(np.int32))
+        assert differ.any() == (dtype == tf.bfloat16)  # float16's products are never subnormal
+        assert (own[differ] == 0).all() and (np.abs(got[differ]) < 2.0**-126).all()
+    assert calls["widen_scaled"] == 4
+    unknown = tf.function(lambda t: ops.cast(t, "bfloat16"),
+                          input_signature=[tf.TensorSpec([None], tf.float32)])
+    np.testing.assert_array_equal(bits(unknown(x)), bits(tf.cast(x, tf.bfloat16)))
+    np.testing.assert_array_equal(bits(ops.cast(x[:100], "bfloat16")), bits(tf.cast(x[:100], tf.bfloat16)))
+    assert calls == {"bf16_round": 2, "widen_scaled": 4}
 
 
 def assert_same(got, expected, what):

@@ -171,12 +171,13 @@ class TorchOps(Ops):
     def scale_into(self, x, factor, out):
         if (out.requires_grad or out.layout != torch.strided or not out.is_contiguous()
                 or x.numel() != out.numel() or not x.is_contiguous()
-                or (x.data_ptr() != out.data_ptr()
+                or ((x.data_ptr() != out.data_ptr() or x.dtype != out.dtype)
                     and x.untyped_storage().data_ptr() == out.untyped_storage().data_ptr())):
+            # x in out's memory, elsewhere or of another width: a new tensor (a cast into it
+            # would overwrite what it reads)
             return super().scale_into(x, factor, out)
         flat, x = out.view(-1), x.reshape(-1)
         if (x.dtype in _HALVES and out.dtype == torch.float32
-                and x.untyped_storage().data_ptr() != out.untyped_storage().data_ptr()
                 and kernels.applies(self, [x, out], numel=x.numel(), dtypes=[])):
             # The cast and the product in one pass over the float32 tensor instead of two (fp16's
             # and bf16's sums decoded into a DDP bucket or a gradient): the same bits.

@@ -430,6 +430,7 @@ SCALED_SUM = Loop("grace_scaled_sum", (In(0), Param("alpha"), In(1), Param("beta
                                        Out(0)))
 WIDEN_SCALED = Loop("grace_widen_scaled", (In(0), Param("brain", INT32), Param("factor"), START, COUNT,
                                            Out(0)))
+BF16_ROUND = Loop("grace_bf16_round", (In(0), START, COUNT, Out(0)))
 BF16_ROWS_SUM = Loop("grace_bf16_rows_sum", (In(0), Param("workers", _I64), Param("n", _I64), START,
                                              COUNT, Out(0)))
 COUNT_ABOVE = Loop("grace_count_above", (In(0), START, COUNT, Param("threshold")), _I64)
@@ -528,6 +529,20 @@ def widen_scaled_into(bits: np.ndarray, brain: bool, factor: float, out: np.ndar
     run(WIDEN_SCALED, bits.size, [np.ascontiguousarray(bits)], [out],
         {"brain": int(brain), "factor": factor})
     return out
+
+
+def widen_scaled(bits: np.ndarray, brain: bool, factor: float) -> np.ndarray:
+    """``widen_scaled_into`` a new float32 array."""
+    return widen_scaled_into(bits, brain, factor, _empty(bits.size, np.float32)).reshape(bits.shape)
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """The bfloat16 bits (int16) of float32 ``x``, rounded to nearest, ties to even (TensorFlow's
+    cast, and torch's), every NaN as the quiet NaN 0x7fc0."""
+    x = np.ascontiguousarray(x, np.float32)
+    out = _empty(x.size, np.int16)
+    run(BF16_ROUND, x.size, [x], [out])
+    return out.reshape(x.shape)
 
 
 def sums(x: np.ndarray) -> tuple[float, float, float]:

@@ -567,6 +567,18 @@ void grace_widen_scaled(const uint16_t *x, int32_t brain, float factor, int64_t 
     }
 }
 
+/* Elements [start, start + n) of `out`: float32 `x` rounded to bfloat16 bits, to nearest, ties to
+ * even, every NaN as the quiet NaN 0x7fc0 (TensorFlow's cast and torch's alike). One pass, which the
+ * compiler vectorises. */
+void grace_bf16_round(const float *x, int64_t start, int64_t n, uint16_t *out) {
+    for (int64_t i = start; i < start + n; i++) {
+        uint32_t raw;
+        memcpy(&raw, &x[i], sizeof raw);
+        uint16_t rounded = (uint16_t)((raw + 0x7fffu + ((raw >> 16) & 1u)) >> 16);
+        out[i] = (raw & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7fc0u : rounded;
+    }
+}
+
 /* The sum over `workers` rows of bfloat16 bits (rows of `stride` elements, in rank order), in
  * float32, rounded once to bfloat16 to nearest, ties to even, a NaN as the quiet NaN 0x7fc0:
  * elements [start, start + n) of `out`. A bfloat16 is the top half of a float32, so widening is a
