@@ -114,7 +114,9 @@ class TensorFlowOps(Ops):
     def scale_into(self, x, factor, out):
         if (x.dtype in (tf.float16, tf.bfloat16) and out.dtype == tf.float32
                 and kernels.applies(self, [x], dtypes=[])):
-            # fp16's and bf16's sums decoded and scaled in one pass, not a cast and a product.
+            # fp16's and bf16's sums decoded and scaled in one pass, not a cast and a product;
+            # IEEE float32's product, which is TensorFlow's but where its flush-to-zero makes a
+            # subnormal product 0 (torch's and the loop's keep it).
             return tf.reshape(self._widened(x, factor), out.shape)
         return super().scale_into(x, factor, out)
 
