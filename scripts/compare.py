@@ -72,6 +72,20 @@ def is_named(compression: str) -> bool:
     return compression in BASELINES or compression in torch_hooks.HOOKS
 
 
+def spec_parts(text: str) -> tuple[str, dict]:
+    """A spec ``name:key=value;...``'s compressor name and parameters (values parsed as JSON,
+    else strings), unchecked."""
+    name, _, rest = text.partition(":")
+    params: dict = {}
+    for item in filter(None, rest.split(";")):
+        key, _, value = item.partition("=")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return name, params
+
+
 def parse_compression(text: str) -> str:
     """``fp32``, ``hvd-fp16``, one of PyTorch's DDP hooks (``torch_hooks.HOOKS``: ``torch-fp16``,
     ``torch-powersgd-r1``, ...), or ``name:key=value;...`` (values parsed as JSON, else strings) to
@@ -80,14 +94,8 @@ def parse_compression(text: str) -> str:
         raise ValueError(f"{text} does not run on Gloo: {torch_hooks.NOT_ON_GLOO[text]}")
     if is_named(text):
         return text
-    name, _, rest = text.partition(":")
-    params: dict = {"compressor": name}
-    for item in filter(None, rest.split(";")):
-        key, _, value = item.partition("=")
-        try:
-            params[key] = json.loads(value)
-        except json.JSONDecodeError:
-            params[key] = value
+    name, given = spec_parts(text)
+    params: dict = {"compressor": name, **given}
     import grace
 
     grace.from_params(params)  # raises a ValueError naming what is wrong

@@ -178,7 +178,7 @@ class TorchOps(Ops):
             return super().scale_into(x, factor, out)
         flat, x = out.view(-1), x.reshape(-1)
         if (x.dtype in _HALVES and out.dtype == torch.float32
-                and kernels.applies(self, [x, out], numel=x.numel(), dtypes=[])):
+                and kernels.applies(self, [x, out], dtypes=[])):
             # The cast and the product in one pass over the float32 tensor instead of two (fp16's
             # and bf16's sums decoded into a DDP bucket or a gradient): the same bits.
             native.widen_scaled_into(x.view(torch.int16).numpy(), x.dtype == torch.bfloat16,

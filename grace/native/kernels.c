@@ -524,9 +524,21 @@ int64_t grace_choose(uint32_t k0, uint32_t k1, int64_t n, int64_t m, int complem
     return 0;
 }
 
-/* A 16-bit float widened to float32, exactly: a bfloat16 is the top half of a float32; an IEEE half
- * has 5 exponent bits (bias 15) and 10 of mantissa, its subnormals m * 2^-24 (exact in float32). The
- * portable conversion, where F16C is not built in, and for a range's last elements. */
+/* A bfloat16, given as its bits, widened to float32: it is the top half of one, exactly. */
+static inline float widen_bf16(uint16_t b) { return float_of((uint32_t)b << 16); }
+
+/* float32 rounded to bfloat16 bits, to nearest, ties to even, every NaN as the quiet NaN 0x7fc0
+ * (TensorFlow's cast and torch's alike). */
+static inline uint16_t round_bf16(float v) {
+    uint32_t raw;
+    memcpy(&raw, &v, sizeof raw);
+    return (raw & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7fc0u
+                                             : (uint16_t)((raw + 0x7fffu + ((raw >> 16) & 1u)) >> 16);
+}
+
+/* An IEEE half widened to float32, exactly: 5 exponent bits (bias 15) and 10 of mantissa, its
+ * subnormals m * 2^-24 (exact in float32). The portable conversion, where F16C is not built in,
+ * and for a range's last elements. */
 static inline float widen_half(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exponent = (h >> 10) & 0x1fu, mantissa = h & 0x3ffu;
     if (exponent == 0x1fu)  /* infinity, or a NaN made quiet (as F16C's conversion and torch's do) */
@@ -549,7 +561,7 @@ void grace_widen_scaled(const uint16_t *x, int32_t brain, float factor, int64_t 
     int scaled = factor != 1.0f;
     if (brain) {
         for (; i < end; i++) {
-            float v = float_of((uint32_t)x[i] << 16);
+            float v = widen_bf16(x[i]);
             out[i] = scaled ? v * factor : v;
         }
         return;
@@ -567,16 +579,10 @@ void grace_widen_scaled(const uint16_t *x, int32_t brain, float factor, int64_t 
     }
 }
 
-/* Elements [start, start + n) of `out`: float32 `x` rounded to bfloat16 bits, to nearest, ties to
- * even, every NaN as the quiet NaN 0x7fc0 (TensorFlow's cast and torch's alike). One pass, which the
- * compiler vectorises. */
+/* Elements [start, start + n) of `out`: float32 `x` as bfloat16 bits (`round_bf16`). One pass,
+ * which the compiler vectorises. */
 void grace_bf16_round(const float *x, int64_t start, int64_t n, uint16_t *out) {
-    for (int64_t i = start; i < start + n; i++) {
-        uint32_t raw;
-        memcpy(&raw, &x[i], sizeof raw);
-        uint16_t rounded = (uint16_t)((raw + 0x7fffu + ((raw >> 16) & 1u)) >> 16);
-        out[i] = (raw & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7fc0u : rounded;
-    }
+    for (int64_t i = start; i < start + n; i++) out[i] = round_bf16(x[i]);
 }
 
 /* The sum over `workers` rows of bfloat16 bits (rows of `stride` elements, in rank order), in
@@ -587,11 +593,8 @@ void grace_bf16_round(const float *x, int64_t start, int64_t n, uint16_t *out) {
 void grace_bf16_rows_sum(const uint16_t *rows, int64_t workers, int64_t stride, int64_t start,
                          int64_t n, uint16_t *out) {
     for (int64_t i = start; i < start + n; i++) {
-        float sum = float_of((uint32_t)rows[i] << 16);
-        for (int64_t r = 1; r < workers; r++) sum += float_of((uint32_t)rows[r * stride + i] << 16);
-        uint32_t raw;
-        memcpy(&raw, &sum, sizeof raw);
-        out[i] = (raw & 0x7fffffffu) > 0x7f800000u ? (uint16_t)0x7fc0
-                                                   : (uint16_t)((raw + 0x7fffu + ((raw >> 16) & 1u)) >> 16);
+        float sum = widen_bf16(rows[i]);
+        for (int64_t r = 1; r < workers; r++) sum += widen_bf16(rows[r * stride + i]);
+        out[i] = round_bf16(sum);
     }
 }

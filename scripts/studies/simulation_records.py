@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from scripts import compare
+
 NOT_THE_SETUP = ("seed", "accuracy", "note", "owner_entries_vs_fixed_k")
 """What a run records that is not its set-up: its seed, what it measured, a note."""
 NAMES = ("spec", "variant")  # the set-up's own name, written first
@@ -34,12 +36,17 @@ def setup_of(run: dict, varying: set[str]) -> str:
     return ", ".join(words)
 
 
+def varying_settings(runs: list[dict]) -> set[str]:
+    """The settings (beyond the set-up's name) whose values differ between the record's runs."""
+    keys = {key for run in runs for key in run if key not in NOT_THE_SETUP and key not in NAMES}
+    return {key for key in keys if len({repr(run.get(key)) for run in runs}) > 1}
+
+
 def markdown(record: dict) -> str:
     """The record's runs as a table: a row per set-up, a column per seed, and the mean of the seeds
     where a set-up ran more than one."""
     runs = record["runs"]
-    keys = {key for run in runs for key in run if key not in NOT_THE_SETUP and key not in NAMES}
-    varying = {key for key in keys if len({repr(run.get(key)) for run in runs}) > 1}
+    varying = varying_settings(runs)
     finals: dict[str, dict[int, float]] = {}
     for run in runs:
         setup, seed = setup_of(run, varying), run.get("seed", 0)
@@ -68,21 +75,16 @@ GATHERED = "allgather"
 """The communicator of the route the others are measured against."""
 
 
-def _route_of(spec: str) -> tuple[str, dict]:
-    """A spec's compressor and parameters (``topk:ratio=0.01;communicator=alltoall``)."""
-    name, _, rest = spec.partition(":")
-    return name, dict(part.split("=", 1) for part in rest.split(";") if part)
-
-
 def _counterpart(run: dict) -> tuple | None:
     """What identifies the gathered run a run is measured against: the compressor, its parameters
-    but the route's own (``communicator``, an owner's ``owner_*``), the workers and the seed."""
-    name, params = _route_of(run["spec"])
+    but the route's own (``communicator``, an owner's ``owner_*``), the workers and the seed; and
+    whether the run is itself gathered. ``None`` for a run that names no communicator."""
+    name, params = compare.spec_parts(run["spec"])
     if "communicator" not in params:
         return None
-    kept = tuple(sorted((k, v) for k, v in params.items()
+    kept = tuple(sorted((k, repr(v)) for k, v in params.items()
                         if k != "communicator" and not k.startswith("owner_")))
-    return name, kept, run.get("workers"), run.get("seed", 0)
+    return (name, kept, run.get("workers"), run.get("seed", 0)), params["communicator"] == GATHERED
 
 
 def _final_and_last3(run: dict) -> tuple[float, float]:
@@ -94,45 +96,40 @@ def against_gathering(record: dict) -> str:
     """The record's routes against gathering, in points: for each set-up that names a communicator
     other than ``allgather``, the difference of its final test accuracy (and, in brackets, of the
     mean of the last 3 passes) to the gathered run of the same compressor, parameters, workers and
-    seed, per seed, and the mean over its seeds; the gathered runs' own finals in the first rows."""
+    seed, per seed, and the mean over its seeds; the gathered runs' own finals in their rows."""
     runs = record["runs"]
-    keys = {key for run in runs for key in run if key not in NOT_THE_SETUP and key not in NAMES}
-    varying = {key for key in keys if len({repr(run.get(key)) for run in runs}) > 1}
-    gathered = {}
-    for run in runs:
-        key = _counterpart(run)
-        if key is not None and _route_of(run["spec"])[1]["communicator"] == GATHERED \
-                and run.get("variant") is None:
+    varying = varying_settings(runs)
+    routed = [(run, *found) for run in runs if (found := _counterpart(run)) is not None]
+    gathered: dict[tuple, dict] = {}
+    for run, key, is_gathered in routed:
+        if is_gathered and run.get("variant") is None:
             if key in gathered:
                 raise ValueError(f"two gathered runs of {run['spec']!r} at seed {key[-1]} in the record")
             gathered[key] = run
-    rows: dict[str, dict[int, tuple[float, float] | None]] = {}
-    for run in runs:
-        key = _counterpart(run)
-        if key is None:
-            continue
-        by_seed = rows.setdefault(setup_of(run, varying), {})
-        if run in gathered.values():
-            by_seed[key[-1]] = None  # the reference itself: its final accuracy
+    # set-up -> (whether it is the reference, {seed: its final, or (final, last 3) against it})
+    rows: dict[str, tuple[bool, dict]] = {}
+    for run, key, _ in routed:
+        reference = gathered.get(key) is run
+        by_seed = rows.setdefault(setup_of(run, varying), (reference, {}))[1]
+        if reference:
+            by_seed[key[-1]] = run["accuracy"][-1]
             continue
         if key not in gathered:
             raise ValueError(f"no gathered run beside {run['spec']!r} at seed {key[-1]} in the record")
         mine, theirs = _final_and_last3(run), _final_and_last3(gathered[key])
         by_seed[key[-1]] = (100 * (mine[0] - theirs[0]), 100 * (mine[1] - theirs[1]))
-    seeds = sorted({seed for by_seed in rows.values() for seed in by_seed})
+    seeds = sorted({seed for _, by_seed in rows.values() for seed in by_seed})
     lines = ["| set-up, against gathering at the same seed: final (last 3 passes), points | "
              + " | ".join(f"seed {seed}" for seed in seeds) + " | mean |",
              "|---|" + "---:|" * (len(seeds) + 1)]
-    for setup, by_seed in rows.items():
-        if all(v is None for v in by_seed.values()):
-            key_runs = {_counterpart(r)[-1]: r for r in gathered.values() if setup_of(r, varying) == setup}
-            cells = [f"{key_runs[s]['accuracy'][-1]:.4f}" if s in key_runs else "" for s in seeds]
-            lines.append(f"| {setup.replace('|', '/')} (final accuracy) | " + " | ".join(cells) + " | – |")
+    for setup, (reference, by_seed) in rows.items():
+        name = setup.replace("|", "/")
+        if reference:
+            cells = [f"{by_seed[s]:.4f}" if s in by_seed else "" for s in seeds]
+            lines.append(f"| {name} (final accuracy) | " + " | ".join(cells) + " | – |")
             continue
-        cells = [f"{v[0]:+.2f} ({v[1]:+.2f})" if v is not None else "" for v in
-                 (by_seed.get(s) for s in seeds)]
-        values = [v for v in by_seed.values() if v is not None]
+        cells = [f"{by_seed[s][0]:+.2f} ({by_seed[s][1]:+.2f})" if s in by_seed else "" for s in seeds]
+        values = list(by_seed.values())
         mean = (sum(v[0] for v in values) / len(values), sum(v[1] for v in values) / len(values))
-        lines.append(f"| {setup.replace('|', '/')} | " + " | ".join(cells)
-                     + f" | **{mean[0]:+.2f}** ({mean[1]:+.2f}) |")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | **{mean[0]:+.2f}** ({mean[1]:+.2f}) |")
     return "\n".join(lines)
